@@ -1,0 +1,78 @@
+"""AtomConfig: everything the core needs to build and run a model, whoever the host is."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+_DTYPES = {
+    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+}
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
+
+
+def parse_dtype(dtype: str | torch.dtype | None, hf_config: Any = None) -> torch.dtype:
+    """'auto'/None → the checkpoint's torch_dtype (float32 if none); names and torch dtypes accepted."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in (None, "auto"):
+        ckpt = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+        if isinstance(ckpt, torch.dtype):
+            return ckpt
+        return _DTYPES.get(str(ckpt), torch.float32) if ckpt else torch.float32
+    if dtype not in _DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; use one of: auto, {', '.join(sorted(_DTYPES))}")
+    return _DTYPES[dtype]
+
+
+def env_flag(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    if value.lower() in ("1", "true", "yes", "on"):
+        return True
+    if value.lower() in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"{name}={value!r}: use 1/0, true/false, yes/no or on/off")
+
+
+@dataclass
+class AtomConfig:
+    """Built by each host's `atom_translate_config` hook from the host's own config objects."""
+
+    hf_config: Any  # transformers.PretrainedConfig
+    model_path: str | None = None
+    dtype: torch.dtype = torch.float32
+    max_model_len: int = 2048
+    block_size: int = 16
+    kv_cache_dtype: str = "auto"
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    enforce_eager: bool = False
+    # Switches whose environment variable is exactly the field name upper-cased.
+    ATOM_FUSED_QK_NORM_ROPE: bool = field(default_factory=lambda: env_flag("ATOM_FUSED_QK_NORM_ROPE", False))
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r}; supported: {', '.join(KV_CACHE_DTYPES)}")
+        for name in ("max_model_len", "block_size", "max_num_seqs", "max_num_batched_tokens",
+                     "tensor_parallel_size", "pipeline_parallel_size"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.pipeline_parallel_size != 1:
+            raise ValueError("pipeline parallelism is not supported yet: set pipeline_parallel_size=1")
+
+    @property
+    def architecture(self) -> str:
+        archs = getattr(self.hf_config, "architectures", None) or []
+        if not archs:
+            raise ValueError("the model's config.json has no 'architectures' entry; add e.g. [\"LlamaForCausalLM\"]")
+        return archs[0]

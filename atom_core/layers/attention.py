@@ -1,0 +1,84 @@
+"""The Attention factory, the layer spec hosts receive, and the one shared attention computation.
+
+Model code writes `Attention(num_heads, head_dim, scale, num_kv_heads, prefix=...)` and never
+branches on the host: `Attention.__new__` asks the `atom_attention_impl` hook for the current
+host's layer class and returns an instance of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+import atom_kernels
+from atom_core.forward_context import AttentionMetadata
+from atom_core.plugins import attention_impl
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    num_heads: int  # query heads on this rank
+    head_dim: int
+    scale: float
+    num_kv_heads: int  # KV heads on this rank
+    prefix: str  # layer name, e.g. "model.layers.3.self_attn.attn"
+    sliding_window: int | None = None  # None or <= 0: full attention
+    kv_cache_dtype: str = "auto"
+    # MLA (latent cache) fields; unused by full-attention layers.
+    kv_lora_rank: int | None = None
+    qk_rope_head_dim: int | None = None
+
+    @property
+    def uses_sliding_window(self) -> bool:
+        return self.sliding_window is not None and self.sliding_window > 0
+
+
+class Attention:
+    """Factory: returns an instance of the host's attention layer class for this spec."""
+
+    def __new__(cls, num_heads: int, head_dim: int, scale: float, num_kv_heads: int | None = None, *,
+                sliding_window: int | None = None, kv_cache_dtype: str = "auto", prefix: str = "",
+                kv_lora_rank: int | None = None, qk_rope_head_dim: int | None = None):
+        num_kv_heads = num_kv_heads or num_heads
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
+        if not prefix:
+            raise ValueError("Attention needs its layer prefix (e.g. 'model.layers.0.self_attn.attn')")
+        spec = AttentionSpec(num_heads, head_dim, scale, num_kv_heads, prefix,
+                             sliding_window if sliding_window and sliding_window > 0 else None,
+                             kv_cache_dtype, kv_lora_rank, qk_rope_head_dim)
+        return attention_impl(spec)(spec)
+
+
+def attention_forward(
+    spec: AttentionSpec,
+    query: torch.Tensor,
+    key: torch.Tensor | None,
+    value: torch.Tensor | None,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    md: AttentionMetadata,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Write this step's K/V into the paged cache (unless key is None), then attend.
+
+    query [T, heads*head_dim]; key/value [T, kv_heads*head_dim]; caches are views of logical
+    shape [num_blocks, block_size, kv_heads, head_dim] (any strides). Returns [T, heads*head_dim].
+    """
+    t = query.shape[0]
+    q = query.view(t, spec.num_heads, spec.head_dim)
+    if key is not None:
+        k = key.view(t, spec.num_kv_heads, spec.head_dim)
+        v = value.view(t, spec.num_kv_heads, spec.head_dim)
+        atom_kernels.write_kv_cache(k, v, k_cache, v_cache, md.slot_mapping, k_scale, v_scale)
+    o = atom_kernels.paged_attention(
+        q, k_cache, v_cache, md.block_tables, md.seq_lens, md.query_start_loc, spec.scale,
+        sliding_window=spec.sliding_window, k_scale=k_scale, v_scale=v_scale,
+        out=None if out is None else out.view(t, spec.num_heads, spec.head_dim),
+        max_query_len=md.max_query_len, max_seq_len=md.max_seq_len,
+        num_decodes=md.num_decodes, num_prefills=md.num_prefills,
+    )
+    return o.reshape(t, spec.num_heads * spec.head_dim)

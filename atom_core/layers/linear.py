@@ -1,0 +1,144 @@
+"""Tensor-parallel linear layers. Each parameter carries a `weight_loader(param, loaded[, shard_id])`.
+
+Rank and size come from the host's Platform (atom_platform hook). Shapes: weights are
+[out_features_local, in_features_local] like nn.Linear.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from atom_core.platform import Platform
+from atom_core.plugins import current_platform
+
+
+def _divide(n: int, d: int, what: str) -> int:
+    if n % d:
+        raise ValueError(f"{what}={n} is not divisible by tensor_parallel_size={d}")
+    return n // d
+
+
+def _check_shape(param: torch.Tensor, loaded: torch.Tensor, name: str) -> None:
+    if tuple(param.shape) != tuple(loaded.shape):
+        raise ValueError(f"weight shape mismatch for {name}: checkpoint {tuple(loaded.shape)}, "
+                         f"model expects {tuple(param.shape)}")
+
+
+class LinearBase(nn.Module):
+    def __init__(self, in_local: int, out_local: int, bias: bool, platform: Platform | None) -> None:
+        super().__init__()
+        self.platform = platform or current_platform()
+        self.tp_rank, self.tp_size = self.platform.tp_rank, self.platform.tp_size
+        self.weight = nn.Parameter(torch.empty(out_local, in_local), requires_grad=False)
+        self.weight.weight_loader = self.weight_loader
+        if bias:
+            self.bias = nn.Parameter(torch.empty(out_local), requires_grad=False)
+            self.bias.weight_loader = self.weight_loader
+        else:
+            self.register_parameter("bias", None)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        _check_shape(param, loaded, type(self).__name__)
+        param.data.copy_(loaded)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class ReplicatedLinear(LinearBase):
+    def __init__(self, input_size: int, output_size: int, bias: bool = False, platform: Platform | None = None):
+        super().__init__(input_size, output_size, bias, platform)
+
+
+class ColumnParallelLinear(LinearBase):
+    """Output features split across ranks; `gather_output` all-gathers them after the matmul."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False, gather_output: bool = False,
+                 platform: Platform | None = None):
+        platform = platform or current_platform()
+        super().__init__(input_size, _divide(output_size, platform.tp_size, "output_size"), bias, platform)
+        self.gather_output = gather_output
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        size = param.shape[0]
+        loaded = loaded.narrow(0, self.tp_rank * size, size)
+        super().weight_loader(param, loaded)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.linear(x, self.weight, self.bias)
+        return self.platform.all_gather(y, -1) if self.gather_output and self.tp_size > 1 else y
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Several column-parallel outputs in one matmul (e.g. gate_proj + up_proj); shard_id = index."""
+
+    def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False,
+                 platform: Platform | None = None):
+        self.output_sizes = list(output_sizes)
+        super().__init__(input_size, sum(output_sizes), bias, platform=platform)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int | None = None) -> None:
+        if shard_id is None:
+            raise ValueError("MergedColumnParallelLinear needs the shard index of the checkpoint tensor")
+        local = [s // self.tp_size for s in self.output_sizes]
+        offset = sum(local[:shard_id])
+        target = param.data.narrow(0, offset, local[shard_id])
+        loaded = loaded.narrow(0, self.tp_rank * local[shard_id], local[shard_id])
+        _check_shape(target, loaded, f"{type(self).__name__}[{shard_id}]")
+        target.copy_(loaded)
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """q, k, v projections in one matmul. Query heads are split across ranks; KV heads too, or
+    replicated when there are fewer KV heads than ranks. shard_id is "q", "k" or "v"."""
+
+    def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int,
+                 bias: bool = False, platform: Platform | None = None):
+        platform = platform or current_platform()
+        tp = platform.tp_size
+        self.head_dim = head_dim
+        self.num_heads = _divide(num_heads, tp, "num_attention_heads")
+        if num_kv_heads >= tp:
+            self.num_kv_heads, self.kv_replicas = _divide(num_kv_heads, tp, "num_key_value_heads"), 1
+        else:
+            self.num_kv_heads, self.kv_replicas = 1, _divide(tp, num_kv_heads, "tensor_parallel_size")
+        out = (self.num_heads + 2 * self.num_kv_heads) * head_dim * tp
+        super().__init__(hidden_size, out, bias, platform=platform)
+
+    @property
+    def sizes(self) -> tuple[int, int, int]:
+        """Local (q, k, v) widths of this rank's output."""
+        return self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.num_kv_heads * self.head_dim
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | None = None) -> None:
+        if shard_id not in ("q", "k", "v"):
+            raise ValueError(f"QKVParallelLinear shard_id must be 'q', 'k' or 'v', got {shard_id!r}")
+        q, k, _ = self.sizes
+        offset, size = {"q": (0, q), "k": (q, k), "v": (q + k, k)}[shard_id]
+        rank = self.tp_rank if shard_id == "q" else self.tp_rank // self.kv_replicas
+        target = param.data.narrow(0, offset, size)
+        loaded = loaded.narrow(0, rank * size, size)
+        _check_shape(target, loaded, f"QKVParallelLinear[{shard_id}]")
+        target.copy_(loaded)
+
+
+class RowParallelLinear(LinearBase):
+    """Input features split across ranks; partial outputs are summed with the host's all-reduce."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False, platform: Platform | None = None):
+        platform = platform or current_platform()
+        super().__init__(_divide(input_size, platform.tp_size, "input_size"), output_size, bias, platform)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        if param.dim() == 2:
+            size = param.shape[1]
+            loaded = loaded.narrow(1, self.tp_rank * size, size)
+        super().weight_loader(param, loaded)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.linear(x, self.weight)
+        if self.tp_size > 1:
+            y = self.platform.all_reduce(y)
+        return y + self.bias if self.bias is not None else y

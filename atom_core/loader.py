@@ -1,0 +1,80 @@
+"""Load local HF checkpoints (config.json + one or many safetensors files) into atom-core models."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from atom_core.config import AtomConfig
+from atom_core.models.registry import get_model_class
+
+
+def _require_dir(path: str | os.PathLike) -> Path:
+    p = Path(path)
+    if not p.is_dir():
+        raise FileNotFoundError(f"model directory {str(p)!r} does not exist; pass a local HF checkpoint "
+                                "directory (config.json + *.safetensors)")
+    if not (p / "config.json").is_file():
+        raise FileNotFoundError(f"{str(p / 'config.json')!r} is missing: not a HF checkpoint directory")
+    return p
+
+
+def load_hf_config(path: str | os.PathLike):
+    """transformers config of a local checkpoint (never touches the network)."""
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(str(_require_dir(path)), local_files_only=True)
+
+
+def safetensors_files(path: str | os.PathLike) -> list[Path]:
+    p = _require_dir(path)
+    index = p / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        missing = [n for n in names if not (p / n).is_file()]
+        if missing:
+            raise FileNotFoundError(f"{index} lists shard(s) that are missing: {missing}")
+        return [p / n for n in names]
+    files = sorted(p.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors weights in {str(p)!r} (only safetensors checkpoints "
+                                "are supported; convert .bin files with transformers' save_pretrained)")
+    return files
+
+
+def iterate_weights(path: str | os.PathLike) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) for every tensor of every safetensors file, in file order."""
+    for file in safetensors_files(path):
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)
+
+
+def build_model(config: AtomConfig, device: torch.device) -> torch.nn.Module:
+    """Instantiate the registered class for the checkpoint's architecture (uninitialised weights)."""
+    cls = get_model_class(config.architecture)
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(config.dtype)
+    try:
+        with torch.device(device):
+            return cls(config).eval()
+    finally:
+        torch.set_default_dtype(prev)
+
+
+def load_model(config: AtomConfig, device: torch.device) -> torch.nn.Module:
+    """Build the model and load every parameter from config.model_path; missing weights are an error."""
+    if config.model_path is None:
+        raise ValueError("AtomConfig.model_path is not set: nothing to load weights from")
+    model = build_model(config, device)
+    loaded = model.load_weights(iterate_weights(config.model_path))
+    missing = sorted(set(dict(model.named_parameters())) - loaded)
+    if missing:
+        shown = ", ".join(missing[:8]) + (f" … ({len(missing)} in all)" if len(missing) > 8 else "")
+        raise ValueError(f"checkpoint {config.model_path!r} lacks weights for: {shown}")
+    return model

@@ -1,0 +1,146 @@
+"""Llama-family decoder (Llama, and Qwen3 with per-head q/k RMSNorm). Shapes: hidden [T, hidden_size]."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from atom_core.config import AtomConfig
+from atom_core.layers import (
+    Attention,
+    MergedColumnParallelLinear,
+    ParallelLMHead,
+    QKVParallelLinear,
+    RMSNorm,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    get_act_and_mul,
+    get_rope,
+)
+from atom_core.models.weights import load_named_weights
+
+
+def _head_dim(cfg) -> int:
+    return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+
+
+def _sliding_window(cfg, layer_idx: int) -> int | None:
+    layer_types = getattr(cfg, "layer_types", None)
+    if layer_types and layer_types[layer_idx] == "sliding_attention":
+        return getattr(cfg, "sliding_window", None)
+    return None
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: AtomConfig, layer_idx: int, prefix: str, qk_norm: bool) -> None:
+        super().__init__()
+        cfg = config.hf_config
+        self.head_dim = _head_dim(cfg)
+        num_kv = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        bias = getattr(cfg, "attention_bias", False)
+        self.qkv_proj = QKVParallelLinear(cfg.hidden_size, self.head_dim, cfg.num_attention_heads, num_kv, bias)
+        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+        self.o_proj = RowParallelLinear(cfg.num_attention_heads * self.head_dim, cfg.hidden_size, bias)
+        self.rotary_emb = get_rope(cfg, self.head_dim, config.max_model_len)
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if qk_norm else None
+        self.attn = Attention(self.num_heads, self.head_dim, self.head_dim**-0.5, self.num_kv_heads,
+                              sliding_window=_sliding_window(cfg, layer_idx),
+                              kv_cache_dtype=config.kv_cache_dtype, prefix=f"{prefix}.attn")
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        t = hidden.shape[0]
+        q, k, v = self.qkv_proj(hidden).split(self.qkv_proj.sizes, dim=-1)
+        q = q.reshape(t, self.num_heads, self.head_dim)
+        k = k.reshape(t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary_emb(positions, q, k)
+        out = self.attn(q.reshape(t, -1), k.reshape(t, -1), v.contiguous())
+        return self.o_proj(out)
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, cfg) -> None:
+        super().__init__()
+        bias = getattr(cfg, "mlp_bias", False)
+        self.gate_up_proj = MergedColumnParallelLinear(cfg.hidden_size, [cfg.intermediate_size] * 2, bias)
+        self.act_fn = get_act_and_mul(cfg.hidden_act)
+        self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: AtomConfig, layer_idx: int, prefix: str, qk_norm: bool) -> None:
+        super().__init__()
+        cfg = config.hf_config
+        self.self_attn = LlamaAttention(config, layer_idx, f"{prefix}.self_attn", qk_norm)
+        self.mlp = LlamaMLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, positions, hidden, residual):
+        if residual is None:
+            residual, hidden = hidden, self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: AtomConfig, prefix: str = "model", qk_norm: bool = False) -> None:
+        super().__init__()
+        cfg = config.hf_config
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, i, f"{prefix}.layers.{i}", qk_norm) for i in range(cfg.num_hidden_layers)
+        )
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, input_ids, positions, inputs_embeds=None) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        residual = None
+        for layer in self.layers:
+            hidden, residual = layer(positions, hidden, residual)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+
+class LlamaForCausalLM(nn.Module):
+    qk_norm = False
+    # checkpoint name fragment → (our packed parameter, shard id)
+    packed_modules_mapping = {
+        "q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
+        "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
+    }
+
+    def __init__(self, config: AtomConfig, prefix: str = "") -> None:
+        super().__init__()
+        cfg = config.hf_config
+        self.config = config
+        model_prefix = f"{prefix}.model" if prefix else "model"
+        self.model = LlamaModel(config, model_prefix, self.qk_norm)
+        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size)
+        self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
+        if self.tie_word_embeddings:
+            self.lm_head.tie_to(self.model.embed_tokens)
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(input_ids)
+
+    def forward(self, input_ids, positions, inputs_embeds=None) -> torch.Tensor:
+        """input_ids, positions: [T] → final hidden states [T, hidden_size]."""
+        return self.model(input_ids, positions, inputs_embeds)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head.compute_logits(hidden)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        skip = ("rotary_emb.inv_freq",) + (("lm_head.weight",) if self.tie_word_embeddings else ())
+        return load_named_weights(self, weights, self.packed_modules_mapping, skip)

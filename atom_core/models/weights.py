@@ -1,0 +1,55 @@
+"""Mapping checkpoint tensors onto a model's (possibly packed, sharded) parameters."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+
+def load_named_weights(
+    model: nn.Module,
+    weights: Iterable[tuple[str, torch.Tensor]],
+    packed: dict[str, tuple[str, object]],
+    skip_suffixes: tuple[str, ...] = (),
+) -> set[str]:
+    """Load (checkpoint_name, tensor) pairs; return the names of every parameter that got data.
+
+    `packed` maps a checkpoint name fragment (e.g. "q_proj") to (our parameter fragment, shard id).
+    Raises ValueError naming a checkpoint tensor that matches no parameter.
+    """
+    params = dict(model.named_parameters())
+    loaded: set[str] = set()
+    for name, tensor in weights:
+        if name.endswith(skip_suffixes):
+            continue
+        target, shard = _resolve(name, params, packed)
+        param = params[target]
+        loader = getattr(param, "weight_loader", None)
+        if loader is None:
+            if param.shape != tensor.shape:
+                raise ValueError(f"weight shape mismatch for {name}: checkpoint {tuple(tensor.shape)}, "
+                                 f"model expects {tuple(param.shape)}")
+            param.data.copy_(tensor)
+        elif shard is None:
+            loader(param, tensor)
+        else:
+            loader(param, tensor, shard)
+        loaded.add(target)
+    return loaded
+
+
+def _resolve(name: str, params: dict, packed: dict) -> tuple[str, object]:
+    if name in params:
+        return name, None
+    for fragment, (ours, shard) in packed.items():
+        key = f".{fragment}."
+        if key in name:
+            target = name.replace(key, f".{ours}.")
+            if target in params:
+                return target, shard
+    raise ValueError(
+        f"unexpected weight {name!r} in the checkpoint: no model parameter matches it "
+        f"(is the checkpoint for a different architecture or config?)"
+    )

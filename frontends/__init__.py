@@ -1,0 +1,1 @@
+"""atom_frontends: the hosts that drive atom-core (native engine, vLLM, SGLang)."""

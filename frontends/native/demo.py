@@ -1,0 +1,74 @@
+"""Tiny HF checkpoints with seeded random weights: the CLI's demo model and the tests' fixtures.
+
+They are real checkpoints: a transformers config, the weights of the transformers model built
+from it (safetensors) and, optionally, a byte-level `tokenizers` tokenizer.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+DEMO_NOTE = "atom-core DEMO checkpoint: random weights, byte-level tokenizer; its text is meaningless"
+
+_BASE: dict[str, dict[str, Any]] = {
+    "Qwen3ForCausalLM": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                             num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                             tie_word_embeddings=True),
+    "LlamaForCausalLM": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                             num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False),
+}
+SPECIAL_TOKENS = ("<|pad|>", "<|bos|>", "<|eos|>")  # ids 0, 1, 2; bytes follow
+
+
+def byte_level_tokenizer():
+    """A tokenizer over the 256 bytes (no merges) that prepends <|bos|>, as a transformers fast tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+    for ch in pre_tokenizers.ByteLevel.alphabet():
+        vocab[ch] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.TemplateProcessing(single="<|bos|> $A", special_tokens=[("<|bos|>", 1)])
+    tok.add_special_tokens(list(SPECIAL_TOKENS))
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<|pad|>", bos_token="<|bos|>",
+                                   eos_token="<|eos|>")
+
+
+def build_checkpoint(path: str | os.PathLike, arch: str = "Qwen3ForCausalLM", seed: int = 0,
+                     tokenizer: bool = True, **overrides: Any) -> Path:
+    """Save a random-weight `arch` checkpoint to `path` (float32 unless overridden) and return it."""
+    import torch
+    import transformers
+
+    if arch not in _BASE:
+        raise ValueError(f"no tiny config for {arch!r}; known: {', '.join(_BASE)}")
+    fields = dict(_BASE[arch], vocab_size=320, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    fields.update(overrides)
+    config_cls = getattr(transformers, arch.replace("ForCausalLM", "Config"))
+    config = config_cls(**fields)
+    torch.manual_seed(seed)
+    model = getattr(transformers, arch)(config).to(torch.float32)
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path, safe_serialization=True)
+    if tokenizer:
+        byte_level_tokenizer().save_pretrained(path)
+    return path
+
+
+def demo_checkpoint() -> Path:
+    """The CLI's built-in demo model, built once and cached under $ATOM_CACHE_DIR (~/.cache/atom-core)."""
+    root = Path(os.environ.get("ATOM_CACHE_DIR", Path.home() / ".cache" / "atom-core"))
+    path = root / "demo-qwen3-random-v1"
+    if not (path / "config.json").is_file():
+        tmp = path.with_suffix(".tmp")
+        build_checkpoint(tmp, "Qwen3ForCausalLM", seed=1234, num_hidden_layers=4, hidden_size=128,
+                         intermediate_size=384, head_dim=32, max_position_embeddings=2048)
+        (tmp / "DEMO_README.txt").write_text(DEMO_NOTE + "\n")
+        tmp.replace(path)
+    return path

@@ -1,0 +1,169 @@
+"""LLMEngine: request intake, the step loop, and output assembly for the native host."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import torch
+
+from atom_core.loader import load_model
+from atom_core.plugins import current_platform, translate_config
+from atom_frontends.native.block_manager import BlockManager
+from atom_frontends.native.engine_args import EngineArgs
+from atom_frontends.native.hooks import NATIVE
+from atom_frontends.native.model_runner import ModelRunner
+from atom_frontends.native.request import Request, RequestOutput, Status
+from atom_frontends.native.sampling_params import SamplingParams
+from atom_frontends.native.scheduler import Scheduler
+
+CPU_KV_CACHE_BYTES = 1 << 30
+GPU_KV_CACHE_FRACTION = 0.85
+
+
+def load_tokenizer(path: str):
+    """The checkpoint's tokenizer, or None when it ships none (token-id prompts only)."""
+    p = Path(path)
+    if not any((p / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(p), local_files_only=True)
+
+
+def eos_token_ids(path: str, hf_config) -> frozenset[int]:
+    ids: set[int] = set()
+    sources = [getattr(hf_config, "eos_token_id", None)]
+    gen = Path(path) / "generation_config.json"
+    if gen.is_file():
+        sources.append(json.loads(gen.read_text()).get("eos_token_id"))
+    for src in sources:
+        if isinstance(src, int):
+            ids.add(src)
+        elif isinstance(src, (list, tuple)):
+            ids.update(int(x) for x in src)
+    return frozenset(ids)
+
+
+class LLMEngine:
+    def __init__(self, args: EngineArgs) -> None:
+        self.args = args
+        with NATIVE.scope():
+            self.config = translate_config(args, host="native")
+            self.platform = current_platform("native")
+            self.model = load_model(self.config, self.platform.device)
+            self.runner = ModelRunner(self.model, self.config, self.platform, args.seed)
+        num_blocks = self._num_kv_blocks()
+        self.runner.allocate_kv_cache(num_blocks)
+        self.block_manager = BlockManager(num_blocks, self.config.block_size, args.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, self.config.max_num_seqs, self.config.max_num_batched_tokens)
+        self.tokenizer = load_tokenizer(args.model)
+        self.eos_token_ids = eos_token_ids(args.model, self.config.hf_config)
+        self.vocab_size = self.config.hf_config.vocab_size
+        self._ids = itertools.count()
+
+    def _num_kv_blocks(self) -> int:
+        a, per_block = self.args, self.runner.bytes_per_block()
+        if a.num_kv_blocks is not None:
+            blocks = a.num_kv_blocks
+        elif a.kv_cache_memory is not None:
+            blocks = a.kv_cache_memory // per_block
+        elif self.platform.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.platform.device)
+            blocks = int(free * GPU_KV_CACHE_FRACTION) // per_block
+        else:
+            blocks = CPU_KV_CACHE_BYTES // per_block
+        capacity = blocks * self.config.block_size
+        if capacity < self.config.max_model_len:
+            raise ValueError(
+                f"the KV cache holds {capacity} tokens ({blocks} blocks of {self.config.block_size}), fewer than "
+                f"max_model_len={self.config.max_model_len}; raise num_kv_blocks/kv_cache_memory or lower "
+                "max_model_len"
+            )
+        return blocks
+
+    # ---- intake -------------------------------------------------------------------------------
+    def tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this checkpoint has no tokenizer: pass prompts as lists of token ids")
+            return prompt, list(self.tokenizer(prompt).input_ids)
+        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            return None, list(prompt)
+        raise TypeError(f"a prompt must be a str or a list of int token ids, got {type(prompt).__name__}")
+
+    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
+                    request_id: str | None = None) -> str:
+        """Validate and queue one request; raises ValueError/TypeError without touching running ones."""
+        params = params or SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
+        text, ids = self.tokenize(prompt)
+        self.validate_prompt(ids)
+        req = Request(request_id or str(next(self._ids)), text, ids, params, self.eos_token_ids)
+        if params.seed is not None:
+            req.generator = torch.Generator(device=self.platform.device).manual_seed(params.seed)
+        self.scheduler.add(req)
+        return req.request_id
+
+    def validate_prompt(self, ids: list[int]) -> None:
+        if not ids:
+            raise ValueError("the prompt is empty: give at least one token")
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"prompt token id(s) {bad[:5]} outside the vocabulary [0, {self.vocab_size})")
+        if len(ids) >= self.config.max_model_len:
+            raise ValueError(
+                f"the prompt has {len(ids)} tokens but max_model_len={self.config.max_model_len} leaves no room to "
+                "generate; shorten the prompt or raise max_model_len"
+            )
+
+    # ---- the loop ----------------------------------------------------------------------------
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def step(self) -> list[RequestOutput]:
+        """Run one batch; return the requests that finished in it."""
+        batch = self.scheduler.schedule()
+        if not batch:
+            return []
+        tokens = self.runner.execute(batch)
+        finished = []
+        for s, tok in zip(batch, tokens):
+            req = s.request
+            req.num_computed_tokens += s.num_new_tokens
+            if tok is not None:
+                req.output_token_ids.append(tok)
+                reason = self._finish_reason(req, tok)
+                if reason:
+                    self.scheduler.finish(req, reason)
+                    finished.append(self._output(req))
+                    continue
+            self.block_manager.cache_full_blocks(req)
+        return finished
+
+    def _finish_reason(self, req: Request, tok: int) -> str | None:
+        n = len(req.output_token_ids)
+        if tok in req.stop_ids and n >= req.params.min_tokens:
+            return "stop"
+        if n >= req.params.max_tokens or req.num_tokens >= self.config.max_model_len:
+            return "length"
+        return None
+
+    def _output(self, req: Request) -> RequestOutput:
+        text = None
+        if self.tokenizer is not None:
+            text = self.tokenizer.decode(req.output_token_ids, skip_special_tokens=True)
+        return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, list(req.output_token_ids), text,
+                             req.finish_reason, max(req.num_cached_tokens, 0))
+
+    def abort(self, request_id: str) -> bool:
+        for req in list(self.scheduler.running) + list(self.scheduler.waiting):
+            if req.request_id == request_id:
+                if req.status is Status.RUNNING:
+                    self.scheduler.finish(req, "abort")
+                else:
+                    self.scheduler.waiting.remove(req)
+                return True
+        return False

@@ -1,0 +1,56 @@
+"""Native host hooks: our own engine drives the process (inside NATIVE.scope())."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from atom_core.hookspecs import hookimpl
+from atom_core.plugins import HostMarker
+
+HOST = "native"
+NATIVE = HostMarker(HOST)
+
+
+@hookimpl
+def atom_detect_host() -> str | None:
+    return NATIVE.detect()
+
+
+@hookimpl
+def atom_platform(host: str):
+    if host != HOST:
+        return None
+    from atom_core.platform import Platform, default_device
+
+    device = default_device()
+    # A single process: tensor parallel size 1, collectives are identities.
+    return Platform(host=HOST, device=device, owns_compile=False, owns_cuda_graphs=False)
+
+
+@hookimpl
+def atom_translate_config(host: str, host_config: Any):
+    if host != HOST:
+        return None
+    from atom_frontends.native.engine_args import EngineArgs
+
+    if not isinstance(host_config, EngineArgs):
+        return None
+    return host_config.to_atom_config()
+
+
+@hookimpl
+def atom_metadata_builder(host: str, spec: Any):
+    if host != HOST:
+        return None
+    from atom_frontends.native.metadata import build_metadata
+
+    return build_metadata
+
+
+@hookimpl
+def atom_attention_impl(host: str, spec: Any):
+    if host != HOST:
+        return None
+    from atom_frontends.native.attention import NativeAttention
+
+    return NativeAttention

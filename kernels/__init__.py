@@ -1,0 +1,47 @@
+"""atom_kernels: the ops atom-core's layers call, each dispatched per device (see dispatch.py)."""
+
+from __future__ import annotations
+
+import torch
+
+from atom_kernels import dispatch
+
+
+def write_kv_cache(key, value, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=None) -> None:
+    """Store K/V [T, kv_heads, d] into paged caches [blocks, block_size, kv_heads, d] at slot_mapping."""
+    dispatch.get("write_kv_cache", key.device)(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+
+
+def paged_attention(
+    query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
+    sliding_window=None, k_scale=None, v_scale=None, out=None, **hints,
+) -> torch.Tensor:
+    """Varlen causal attention over paged KV; see atom_kernels.reference.attention for the contract.
+
+    `hints` (max_query_len, max_seq_len, num_decodes, ...) let GPU kernels size their grids without
+    a host sync; the reference ignores them.
+    """
+    fn = dispatch.get("paged_attention", query.device)
+    args = (query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale)
+    kwargs = dict(sliding_window=sliding_window, k_scale=k_scale, v_scale=v_scale, out=out)
+    if dispatch.backend_for("paged_attention", query.device.type) != "torch":
+        kwargs.update(hints)
+    return fn(*args, **kwargs)
+
+
+def rms_norm(x, weight, eps, residual=None):
+    """RMSNorm over the last dim; with residual returns (normed(x + residual), x + residual)."""
+    return dispatch.get("rms_norm", x.device)(x, weight, eps, residual)
+
+
+def rotary(positions, query, key, cos_sin_cache):
+    """Neox-style rotary on [T, heads, d] query/key with a [max_pos, rot_dim] cos|sin cache."""
+    return dispatch.get("rotary", query.device)(positions, query, key, cos_sin_cache)
+
+
+def silu_and_mul(x):
+    """[..., 2d] → silu(x[..., :d]) * x[..., d:]."""
+    return dispatch.get("silu_and_mul", x.device)(x)
+
+
+__all__ = ["dispatch", "write_kv_cache", "paged_attention", "rms_norm", "rotary", "silu_and_mul"]

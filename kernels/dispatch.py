@@ -1,0 +1,79 @@
+"""One dispatcher: picks the implementation of each op per device.
+
+Backends, in order of preference:
+  - "aiter":  ROCm GPUs when the `aiter` package is installed (ops it provides),
+  - "triton": CUDA and ROCm GPUs, when triton is importable and the op has a Triton kernel,
+  - "torch":  the pure-torch reference (CPU, and the test oracle everywhere).
+`ATOM_KERNEL_BACKEND=torch|triton|aiter` forces one backend for every op that has it.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import os
+from typing import Callable
+
+import torch
+
+OPS = ("write_kv_cache", "paged_attention", "rms_norm", "rotary", "silu_and_mul")
+BACKENDS = ("aiter", "triton", "torch")
+
+# op → backend → "module:function"; a backend absent from an op's map has no kernel for it.
+_IMPLS: dict[str, dict[str, str]] = {op: {"torch": f"atom_kernels.reference:{op}"} for op in OPS}
+
+
+def register(op: str, backend: str, target: str) -> None:
+    """Declare that `target` ("module:function") implements `op` for `backend`."""
+    if op not in _IMPLS:
+        raise ValueError(f"unknown kernel op {op!r}; known ops: {', '.join(_IMPLS)}")
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown kernel backend {backend!r}; choose one of {BACKENDS}")
+    _IMPLS[op][backend] = target
+    _load.cache_clear()
+    backend_for.cache_clear()
+
+
+@functools.cache
+def _available(backend: str) -> bool:
+    if backend == "torch":
+        return True
+    if not torch.cuda.is_available():
+        return False
+    if backend == "aiter":
+        return torch.version.hip is not None and importlib.util.find_spec("aiter") is not None
+    return importlib.util.find_spec("triton") is not None
+
+
+@functools.cache
+def backend_for(op: str, device_type: str) -> str:
+    """The backend `op` runs with on `device_type` ("cpu", "cuda")."""
+    forced = os.environ.get("ATOM_KERNEL_BACKEND")
+    if forced:
+        if forced not in BACKENDS:
+            raise ValueError(f"ATOM_KERNEL_BACKEND={forced!r} is not one of {BACKENDS}")
+        if forced in _IMPLS[op] and (forced == "torch" or device_type == "cuda") and _available(forced):
+            return forced
+        return "torch"
+    if device_type != "cuda":
+        return "torch"
+    for backend in BACKENDS:
+        if backend in _IMPLS[op] and _available(backend):
+            return backend
+    return "torch"
+
+
+@functools.cache
+def _load(target: str) -> Callable:
+    module, name = target.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def get(op: str, device: torch.device) -> Callable:
+    return _load(_IMPLS[op][backend_for(op, device.type)])
+
+
+def describe(device_type: str) -> dict[str, str]:
+    """op → backend on this device type (for `atom-core info`)."""
+    return {op: backend_for(op, device_type) for op in _IMPLS}
