@@ -54,7 +54,7 @@ def get_plugin_manager() -> pluggy.PluginManager:
             pm.add_hookspecs(hookspecs.AtomHookSpecs)
             _load_frontends(pm)
             if os.environ.get("ATOM_TRACE_HOOKS") == "1":
-                pm.trace.root.setwriter(lambda msg: logger.info("hook: %s", msg.rstrip()))
+                pm.trace.root.setwriter(lambda msg: logger.info("hook: %s", " ".join(msg.split())))
                 pm.enable_tracing()
             _manager = pm
         return _manager

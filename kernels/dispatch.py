@@ -13,7 +13,7 @@ import functools
 import importlib
 import importlib.util
 import os
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

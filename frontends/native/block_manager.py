@@ -9,8 +9,8 @@ users stay cached in an LRU free list until their slot is needed for new data.
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
 from array import array
+from collections import OrderedDict
 
 from atom_frontends.native.request import Request
 

@@ -86,6 +86,8 @@ class LLMEngine:
     # ---- intake -------------------------------------------------------------------------------
     def tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("the prompt is empty: give at least one character or token")
             if self.tokenizer is None:
                 raise ValueError("this checkpoint has no tokenizer: pass prompts as lists of token ids")
             return prompt, list(self.tokenizer(prompt).input_ids)

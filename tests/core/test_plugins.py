@@ -1,0 +1,140 @@
+"""Plugin manager, host detection and the Attention factory."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from atom_core import plugins
+from atom_core.hookspecs import hookimpl
+from atom_frontends.native.hooks import NATIVE
+
+
+@pytest.fixture(autouse=True)
+def fresh_manager(monkeypatch):
+    for var in ("ATOM_HOST", "ATOM_FRONTENDS", "ATOM_DISABLE_FRONTENDS", "ATOM_TRACE_HOOKS"):
+        monkeypatch.delenv(var, raising=False)
+    plugins.reset_plugin_manager()
+    yield
+    plugins.reset_plugin_manager()
+
+
+class _Claimer:
+    """A second frontend, registered like any external one, that claims every process."""
+
+    def __init__(self, host):
+        self.host = host
+
+    @hookimpl
+    def atom_detect_host(self):
+        return self.host
+
+
+def test_native_frontend_comes_from_the_entry_point():
+    from importlib.metadata import entry_points
+
+    names = {ep.name for ep in entry_points(group=plugins.ENTRY_POINT_GROUP)}
+    assert "native" in names
+    assert "native" in plugins.frontend_names()
+
+
+def test_no_host_is_a_clear_error():
+    with pytest.raises(RuntimeError, match=r"no atom-core frontend claims this process.*native"):
+        plugins.current_host()
+
+
+def test_scope_marks_host_and_restores():
+    with NATIVE.scope():
+        assert plugins.current_host() == "native"
+        with NATIVE.scope(active=False):
+            with pytest.raises(RuntimeError):
+                plugins.current_host()
+        assert plugins.current_host() == "native"
+    assert not NATIVE.is_active()
+
+
+def test_scope_is_per_thread_context():
+    import threading
+
+    seen = []
+    with NATIVE.scope():
+        t = threading.Thread(target=lambda: seen.append(NATIVE.is_active()))
+        t.start()
+        t.join()
+    assert seen == [False]  # a new thread starts with a fresh context
+
+
+def test_two_claimants_is_a_clear_error():
+    plugins.get_plugin_manager().register(_Claimer("other"), name="other")
+    with NATIVE.scope():
+        with pytest.raises(RuntimeError, match=r"several frontends claim this process: \['native', 'other'\]"):
+            plugins.current_host()
+
+
+def test_atom_host_overrides_detection(monkeypatch):
+    plugins.get_plugin_manager().register(_Claimer("other"), name="other")
+    monkeypatch.setenv("ATOM_HOST", "native")
+    assert plugins.current_host() == "native"
+    monkeypatch.setenv("ATOM_HOST", "vllm-nope")
+    with pytest.raises(RuntimeError, match="ATOM_HOST='vllm-nope'"):
+        plugins.current_host()
+
+
+def test_disable_and_allow_lists(monkeypatch):
+    monkeypatch.setenv("ATOM_DISABLE_FRONTENDS", "native")
+    assert "native" not in plugins.frontend_names()
+    plugins.reset_plugin_manager()
+    monkeypatch.delenv("ATOM_DISABLE_FRONTENDS")
+    monkeypatch.setenv("ATOM_FRONTENDS", "someone-else")
+    assert plugins.frontend_names() == []
+    plugins.reset_plugin_manager()
+    monkeypatch.setenv("ATOM_FRONTENDS", "native")
+    assert plugins.frontend_names() == ["native"]
+
+
+def test_hook_without_answer_names_the_host():
+    with pytest.raises(RuntimeError, match="no frontend answered atom_platform for host 'mars'"):
+        plugins.current_platform("mars")
+
+
+def test_attention_factory_returns_the_hosts_class():
+    from atom_core.layers import Attention
+    from atom_frontends.native.attention import NativeAttention
+
+    with NATIVE.scope():
+        layer = Attention(8, 16, 0.25, 2, sliding_window=0, prefix="model.layers.0.self_attn.attn")
+    assert isinstance(layer, NativeAttention)
+    assert layer.spec.num_kv_heads == 2 and layer.spec.sliding_window is None
+    with NATIVE.scope(), pytest.raises(ValueError, match="multiple of num_kv_heads"):
+        Attention(6, 16, 0.25, 4, prefix="x")
+
+
+def test_trace_hooks_logs_calls():
+    code = textwrap.dedent("""
+        import logging, os
+        logging.basicConfig(level=logging.INFO)
+        os.environ["ATOM_TRACE_HOOKS"] = "1"
+        os.environ["ATOM_HOST"] = "native"
+        from atom_core import plugins
+        plugins.current_platform()
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "hook: atom_platform" in r.stderr
+
+
+def test_core_imports_without_vllm_or_sglang():
+    code = textwrap.dedent("""
+        import sys
+        for name in ("vllm", "sglang"):
+            sys.modules[name] = None  # any import of them now raises ImportError
+        import atom_core, atom_kernels, atom_core.layers, atom_core.models.llama, atom_core.loader
+        import atom_frontends.native
+        from atom_frontends.native import LLM
+        assert "vllm" not in [m for m in sys.modules if sys.modules[m] is not None]
+        print("ok")
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr

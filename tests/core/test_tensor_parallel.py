@@ -1,0 +1,94 @@
+"""Tensor parallelism through a host's Platform: 2 CPU processes (gloo) vs transformers' logits.
+
+A small test frontend plays the host: its atom_platform answers with collectives over a real
+torch.distributed group, exactly as the vLLM/SGLang frontends hand over their groups.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from atom_core.hookspecs import hookimpl
+
+
+class _GlooHost:
+    @hookimpl
+    def atom_platform(self, host):
+        if host != "tp-test":
+            return None
+        from atom_core.platform import Platform
+
+        def all_reduce(t):
+            dist.all_reduce(t)
+            return t
+
+        def all_gather(t, dim=-1):
+            parts = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+            dist.all_gather(parts, t.contiguous())
+            return torch.cat(parts, dim=dim)
+
+        return Platform(host="tp-test", device=torch.device("cpu"), tp_rank=dist.get_rank(),
+                        tp_size=dist.get_world_size(), all_reduce=all_reduce, all_gather=all_gather)
+
+    @hookimpl
+    def atom_attention_impl(self, host, spec):
+        from atom_frontends.native.attention import NativeAttention
+
+        return NativeAttention if host == "tp-test" else None
+
+
+def _worker(rank, world, path, port, queue):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), ATOM_HOST="tp-test")
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    from atom_core import plugins
+    from atom_core.config import AtomConfig
+    from atom_core.forward_context import set_forward_context
+    from atom_core.loader import load_hf_config, load_model
+    from atom_frontends.native.metadata import SeqChunk, build_metadata
+
+    plugins.get_plugin_manager().register(_GlooHost(), name="tp-test")
+    cfg = AtomConfig(hf_config=load_hf_config(path), model_path=str(path), max_model_len=64, block_size=4)
+    model = load_model(cfg, torch.device("cpu"))
+    for layer in model.modules():
+        if hasattr(layer, "kv_cache"):
+            layer.kv_cache = torch.zeros(2, 8, 4, layer.spec.num_kv_heads, layer.spec.head_dim)
+    ids = torch.arange(3, 3 + 11)
+    md = build_metadata([SeqChunk([5, 2, 7], 0, 11)], 4, torch.device("cpu"))
+    with torch.inference_mode(), set_forward_context(md):
+        logits = model.compute_logits(model(ids, md.positions))
+    if rank == 0:
+        queue.put(logits)
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("arch, overrides", [
+    ("LlamaForCausalLM", dict(num_key_value_heads=2, vocab_size=321)),  # kv heads split, vocab padded
+    ("Qwen3ForCausalLM", dict(num_key_value_heads=1)),  # kv head replicated on both ranks
+])
+def test_tp2_logits_match_transformers(checkpoint_factory, arch, overrides):
+    from transformers import AutoModelForCausalLM
+
+    path = checkpoint_factory(arch, **overrides)
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [ctx.Process(target=_worker, args=(r, 2, str(path), port, queue)) for r in range(2)]
+    for p in procs:
+        p.start()
+    got = queue.get(timeout=120)
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    with torch.inference_mode():
+        expected = hf(torch.arange(3, 3 + 11)[None]).logits[0]
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
