@@ -29,6 +29,17 @@ def paged_attention(
     return fn(*args, **kwargs)
 
 
+def fused_qk_norm_rope_write_kv(
+    positions, query, key, value, q_weight, k_weight, eps, cos_sin_cache,
+    k_cache, v_cache, slot_mapping, k_scale=None, v_scale=None,
+) -> torch.Tensor:
+    """Qwen3 prologue in one op: per-head RMSNorm of query [T, heads, d] and key [T, kv_heads, d], neox
+    rotary, then (key, value) written into the paged caches at slot_mapping. Returns the query."""
+    fn = dispatch.get("fused_qk_norm_rope_write_kv", query.device)
+    return fn(positions, query, key, value, q_weight, k_weight, eps, cos_sin_cache,
+              k_cache, v_cache, slot_mapping, k_scale, v_scale)
+
+
 def rms_norm(x, weight, eps, residual=None):
     """RMSNorm over the last dim; with residual returns (normed(x + residual), x + residual)."""
     return dispatch.get("rms_norm", x.device)(x, weight, eps, residual)
@@ -44,4 +55,7 @@ def silu_and_mul(x):
     return dispatch.get("silu_and_mul", x.device)(x)
 
 
-__all__ = ["dispatch", "write_kv_cache", "paged_attention", "rms_norm", "rotary", "silu_and_mul"]
+__all__ = [
+    "dispatch", "write_kv_cache", "paged_attention", "fused_qk_norm_rope_write_kv", "rms_norm", "rotary",
+    "silu_and_mul",
+]

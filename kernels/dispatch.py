@@ -17,11 +17,25 @@ from collections.abc import Callable
 
 import torch
 
-OPS = ("write_kv_cache", "paged_attention", "rms_norm", "rotary", "silu_and_mul")
+OPS = (
+    "write_kv_cache", "paged_attention", "fused_qk_norm_rope_write_kv", "rms_norm", "rotary", "silu_and_mul",
+)
 BACKENDS = ("aiter", "triton", "torch")
 
 # op → backend → "module:function"; a backend absent from an op's map has no kernel for it.
 _IMPLS: dict[str, dict[str, str]] = {op: {"torch": f"atom_kernels.reference:{op}"} for op in OPS}
+
+# The Triton kernels (atom_kernels/triton/<module>.py); imported on first use only, so machines
+# without triton import atom_kernels fine.
+_TRITON = {
+    "write_kv_cache": "kv_cache:write_kv_cache",
+    "fused_qk_norm_rope_write_kv": "fused_qk_norm_rope:fused_qk_norm_rope_write_kv",
+    "rms_norm": "norm:rms_norm",
+    "rotary": "rotary:rotary",
+    "silu_and_mul": "activation:silu_and_mul",
+}
+for _op, _target in _TRITON.items():
+    _IMPLS[_op]["triton"] = f"atom_kernels.triton.{_target}"
 
 
 def register(op: str, backend: str, target: str) -> None:
