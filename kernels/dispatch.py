@@ -29,6 +29,7 @@ _IMPLS: dict[str, dict[str, str]] = {op: {"torch": f"atom_kernels.reference:{op}
 # without triton import atom_kernels fine.
 _TRITON = {
     "write_kv_cache": "kv_cache:write_kv_cache",
+    "paged_attention": "attention:paged_attention",
     "fused_qk_norm_rope_write_kv": "fused_qk_norm_rope:fused_qk_norm_rope_write_kv",
     "rms_norm": "norm:rms_norm",
     "rotary": "rotary:rotary",

@@ -1,0 +1,45 @@
+"""Pieces shared by the prefill and decode attention kernels: paged K/V tile loads, one online-softmax step.
+
+Caches are strided views of logical shape [num_blocks, block_size, kv_heads, head_dim]; token n of a
+sequence lives in block block_table[n // block_size] at offset n % block_size.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def load_kv_tile(cache_ptr, bt_row, s_btc, n, n_mask, head_off, s_b, s_t, s_d, d, d_mask,
+                 BLOCK_SIZE: tl.constexpr):
+    """Tokens n [BLOCK_N] of one sequence, one KV head → [BLOCK_N, D_PAD], cache dtype, 0 where masked."""
+    blk = tl.load(bt_row + (n // BLOCK_SIZE) * s_btc, mask=n_mask, other=0).to(tl.int64)
+    row = blk * s_b + (n % BLOCK_SIZE).to(tl.int64) * s_t
+    ptr = cache_ptr + head_off + row[:, None] + d[None, :] * s_d
+    return tl.load(ptr, mask=n_mask[:, None] & d_mask[None, :], other=0.0)
+
+
+@triton.jit
+def attend_tile(q, k, v, valid, m, den, acc, qk_scale):
+    """One flash-attention step in the log2 domain.
+
+    q [M, D] (dot dtype), k/v [N, D] (cache dtype), valid [M, N]; m, den [M] and acc [M, D] float32.
+    qk_scale = softmax scale * log2(e) (* k_scale for fp8). fp8 K/V are upcast to q's dtype (exact);
+    float32 dot products run in IEEE precision (ignored for 16-bit inputs).
+    """
+    dot_dtype = q.dtype
+    s = tl.dot(q, tl.trans(k.to(dot_dtype)), input_precision="ieee") * qk_scale
+    s = tl.where(valid, s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, 1))
+    alpha = tl.exp2(m - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    den = den * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(dot_dtype), v.to(dot_dtype), input_precision="ieee")
+    return m_new, den, acc
+
+
+def softmax_scale(scale: float) -> float:
+    return float(scale) * LOG2E

@@ -1,0 +1,142 @@
+"""Decode attention (one new token per sequence): split-KV flash-decoding, GQA-grouped.
+
+Grid (num_seqs, kv_heads, num_splits): one program holds all query heads of one KV head ([G_PAD, D]
+so K/V are read once per KV head) and walks one contiguous split of the sequence's context. With
+more than one split, a second kernel merges the per-split partial outputs by their log-sum-exp.
+Sequences whose query length is not 1 are left to the prefill kernel (their programs exit at once).
+The split count only tunes parallelism: every split size is derived in-kernel from the real seq_len,
+so a grid sized from a stale max_seq_len hint (e.g. under a CUDA graph) still covers every key.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from atom_kernels.triton._utils import pow2
+from atom_kernels.triton.attention_common import attend_tile, load_kv_tile
+
+
+@triton.jit
+def _decode_kernel(
+    q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, k_scale_ptr, v_scale_ptr, out_ptr, po_ptr, plse_ptr,
+    qk_scale, window, num_splits,
+    sq_t, sq_h, sq_d, so_t, so_h, so_d, s_bt, s_btc,
+    skc_b, skc_t, skc_h, skc_d, svc_b, svc_t, svc_h, svc_d,
+    HEAD_DIM, GROUP, NUM_HEADS,
+    BLOCK_SIZE: tl.constexpr, G_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_SCALE: tl.constexpr, SPLIT: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    q_start = tl.load(qsl_ptr + seq).to(tl.int64)
+    if tl.load(qsl_ptr + seq + 1) - q_start != 1:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    # The query at position seq_len - 1 sees keys >= seq_len - window (window 0: all keys).
+    lo = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
+    chunk = tl.cdiv(tl.cdiv(seq_len - lo, num_splits), BLOCK_N) * BLOCK_N
+    start = lo + split * chunk
+    end = tl.minimum(start + chunk, seq_len)
+
+    g = tl.arange(0, G_PAD)
+    heads = kvh * GROUP + g
+    d = tl.arange(0, D_PAD)
+    d_mask = d < HEAD_DIM
+    qg_mask = (g < GROUP)[:, None] & d_mask[None, :]
+    q = tl.load(q_ptr + q_start * sq_t + heads[:, None] * sq_h + d[None, :] * sq_d, mask=qg_mask, other=0.0)
+    qk = qk_scale
+    if HAS_SCALE:
+        qk = qk * tl.load(k_scale_ptr).to(tl.float32)
+    m = tl.full([G_PAD], float("-inf"), tl.float32)
+    den = tl.zeros([G_PAD], tl.float32)
+    acc = tl.zeros([G_PAD, D_PAD], tl.float32)
+    bt_row = bt_ptr + seq.to(tl.int64) * s_bt
+    k_off = kvh.to(tl.int64) * skc_h
+    v_off = kvh.to(tl.int64) * svc_h
+    for n0 in range(start, end, BLOCK_N):  # every tile holds >= 1 valid key, so m stays finite
+        n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = n < end
+        k = load_kv_tile(kc_ptr, bt_row, s_btc, n, n_mask, k_off, skc_b, skc_t, skc_d, d, d_mask, BLOCK_SIZE)
+        v = load_kv_tile(vc_ptr, bt_row, s_btc, n, n_mask, v_off, svc_b, svc_t, svc_d, d, d_mask, BLOCK_SIZE)
+        m, den, acc = attend_tile(q, k, v, n_mask[None, :], m, den, acc, qk)
+    if HAS_SCALE:
+        acc = acc * tl.load(v_scale_ptr).to(tl.float32)
+    o = acc / tl.where(den > 0, den, 1.0)[:, None]
+    if SPLIT:  # partials [num_seqs, heads, num_splits, HEAD_DIM] and their lse [num_seqs, heads, num_splits]
+        row = (seq * NUM_HEADS + heads).to(tl.int64) * num_splits + split
+        tl.store(po_ptr + row[:, None] * HEAD_DIM + d[None, :], o, mask=qg_mask)
+        lse = tl.where(den > 0, m + tl.log2(den), float("-inf"))
+        tl.store(plse_ptr + row, lse, mask=g < GROUP)
+    else:
+        out = out_ptr + q_start * so_t + heads[:, None] * so_h + d[None, :] * so_d
+        tl.store(out, o.to(out_ptr.dtype.element_ty), mask=qg_mask)
+
+
+@triton.jit
+def _merge_kernel(
+    qsl_ptr, po_ptr, plse_ptr, out_ptr, num_splits, so_t, so_h, so_d, HEAD_DIM, NUM_HEADS,
+    S_PAD: tl.constexpr, D_PAD: tl.constexpr,
+):
+    # Grid (num_seqs, heads): out = sum_s 2^(lse_s - max) * o_s / sum_s 2^(lse_s - max).
+    seq = tl.program_id(0)
+    h = tl.program_id(1)
+    q_start = tl.load(qsl_ptr + seq).to(tl.int64)
+    if tl.load(qsl_ptr + seq + 1) - q_start != 1:
+        return
+    s = tl.arange(0, S_PAD)
+    d = tl.arange(0, D_PAD)
+    row = (seq * NUM_HEADS + h).to(tl.int64) * num_splits + s
+    lse = tl.load(plse_ptr + row, mask=s < num_splits, other=float("-inf"))
+    mx = tl.max(lse, 0)
+    w = tl.exp2(lse - tl.where(mx == float("-inf"), 0.0, mx))  # 0 for empty splits
+    mask = (s < num_splits)[:, None] & (d < HEAD_DIM)[None, :]
+    o = tl.load(po_ptr + row[:, None] * HEAD_DIM + d[None, :], mask=mask, other=0.0)
+    total = tl.sum(w, 0)
+    res = tl.sum(w[:, None] * o, 0) / tl.where(total > 0, total, 1.0)
+    out = out_ptr + q_start * so_t + h * so_h + d * so_d
+    tl.store(out, res.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
+
+
+def num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 8
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def decode_config(num_seqs: int, kv_heads: int, max_seq_len: int, head_dim: int, device) -> dict:
+    """Launch parameters: enough splits for ~4 programs per SM, none shorter than 256 keys."""
+    block_n = 64 if head_dim <= 128 else 32
+    programs = max(num_seqs * kv_heads, 1)
+    splits = min(triton.cdiv(4 * num_sms(device), programs), triton.cdiv(max(max_seq_len, 1), 256))
+    return dict(num_splits=max(splits, 1), block_n=block_n, num_warps=4, num_stages=3)
+
+
+def launch_decode(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, qk_scale, window,
+                  k_scale, v_scale, out, num_splits, block_n, num_warps, num_stages) -> None:
+    """Run the decode kernel (+ merge) for the one-token sequences of the batch; arguments pre-checked."""
+    num_seqs = seq_lens.shape[0]
+    _, heads, head_dim = query.shape
+    kv_heads = k_cache.shape[2]
+    group = heads // kv_heads
+    split = num_splits > 1
+    po = plse = out
+    if split:
+        po = torch.empty((num_seqs, heads, num_splits, head_dim), dtype=torch.float32, device=query.device)
+        plse = torch.empty((num_seqs, heads, num_splits), dtype=torch.float32, device=query.device)
+    scaled = k_scale is not None
+    _decode_kernel[(num_seqs, kv_heads, num_splits)](
+        query, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
+        k_scale if scaled else query, v_scale if scaled else query, out, po, plse,
+        qk_scale, window, num_splits, *query.stride(), *out.stride(), *block_tables.stride(),
+        *k_cache.stride(), *v_cache.stride(), head_dim, group, heads,
+        BLOCK_SIZE=k_cache.shape[1], G_PAD=pow2(group, 16), D_PAD=pow2(head_dim, 16), BLOCK_N=block_n,
+        HAS_SCALE=scaled, SPLIT=split, num_warps=num_warps, num_stages=num_stages,
+    )
+    if split:
+        _merge_kernel[(num_seqs, heads)](
+            query_start_loc, po, plse, out, num_splits, *out.stride(), head_dim, heads,
+            S_PAD=pow2(num_splits), D_PAD=pow2(head_dim, 16),
+        )

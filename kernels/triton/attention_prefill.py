@@ -1,0 +1,115 @@
+"""Causal varlen prefill attention over a paged cached prefix (chunked prefill, prefix caching).
+
+Grid (T // BLOCK_M + num_seqs, heads): query tiles are numbered without a host sync: sequence i's
+tiles start at tile id query_start_loc[i] // BLOCK_M + i, which leaves room for its
+cdiv(q_len, BLOCK_M) tiles, and a program finds its sequence by binary search over that
+increasing sequence of ids. Spare programs exit at once. Sequence i's new queries sit at positions
+seq_len - q_len .. seq_len - 1 and attend causally (and within the sliding window) over its whole
+cached context, new tokens included (they were written to the cache before the call).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from atom_kernels.triton._utils import pow2
+from atom_kernels.triton.attention_common import attend_tile, load_kv_tile
+
+
+@triton.jit
+def _find_seq(qsl_ptr, pid, num_seqs, BLOCK_M: tl.constexpr):
+    """Largest i in [0, num_seqs) with query_start_loc[i] // BLOCK_M + i <= pid."""
+    lo = pid * 0
+    hi = lo + num_seqs
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        ok = tl.load(qsl_ptr + mid) // BLOCK_M + mid <= pid
+        lo = tl.where(ok, mid, lo)
+        hi = tl.where(ok, hi, mid)
+    return lo
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, k_scale_ptr, v_scale_ptr, out_ptr,
+    qk_scale, window, num_seqs,
+    sq_t, sq_h, sq_d, so_t, so_h, so_d, s_bt, s_btc,
+    skc_b, skc_t, skc_h, skc_d, svc_b, svc_t, svc_h, svc_d,
+    HEAD_DIM, GROUP,
+    BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr,
+    HAS_SCALE: tl.constexpr, SKIP_DECODES: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    h = tl.program_id(1)
+    seq = _find_seq(qsl_ptr, pid, num_seqs, BLOCK_M)
+    q_start = tl.load(qsl_ptr + seq)
+    q_len = tl.load(qsl_ptr + seq + 1) - q_start
+    tile = pid - (q_start // BLOCK_M + seq)
+    if tile * BLOCK_M >= q_len:
+        return
+    if SKIP_DECODES and q_len == 1:  # the decode kernel has it
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    prefix = seq_len - q_len  # cached tokens before this step's queries
+    i = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    i_mask = i < q_len
+    q_pos = prefix + i
+    d = tl.arange(0, D_PAD)
+    d_mask = d < HEAD_DIM
+    rows = (q_start + i).to(tl.int64)
+    q = tl.load(q_ptr + rows[:, None] * sq_t + h * sq_h + d[None, :] * sq_d,
+                mask=i_mask[:, None] & d_mask[None, :], other=0.0)
+    qk = qk_scale
+    if HAS_SCALE:
+        qk = qk * tl.load(k_scale_ptr).to(tl.float32)
+    # Keys: from the first query's window start up to the last query of the tile (causal).
+    hi = prefix + tl.minimum((tile + 1) * BLOCK_M, q_len)
+    lo = tl.where(window > 0, tl.maximum(prefix + tile * BLOCK_M - window + 1, 0), 0)
+    # Finite start so rows whose keys are all masked in a tile (sliding window) give p = 0, not NaN.
+    m = tl.full([BLOCK_M], -1.0e30, tl.float32)
+    den = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
+    bt_row = bt_ptr + seq.to(tl.int64) * s_bt
+    kvh = (h // GROUP).to(tl.int64)
+    k_off = kvh * skc_h
+    v_off = kvh * svc_h
+    for n0 in range(lo, hi, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = n < hi
+        k = load_kv_tile(kc_ptr, bt_row, s_btc, n, n_mask, k_off, skc_b, skc_t, skc_d, d, d_mask, BLOCK_SIZE)
+        v = load_kv_tile(vc_ptr, bt_row, s_btc, n, n_mask, v_off, svc_b, svc_t, svc_d, d, d_mask, BLOCK_SIZE)
+        valid = n_mask[None, :] & (n[None, :] <= q_pos[:, None])
+        valid = valid & ((window <= 0) | (n[None, :] > q_pos[:, None] - window))
+        m, den, acc = attend_tile(q, k, v, valid, m, den, acc, qk)
+    if HAS_SCALE:
+        acc = acc * tl.load(v_scale_ptr).to(tl.float32)
+    o = acc / tl.where(den > 0, den, 1.0)[:, None]
+    out = out_ptr + rows[:, None] * so_t + h * so_h + d[None, :] * so_d
+    tl.store(out, o.to(out_ptr.dtype.element_ty), mask=i_mask[:, None] & d_mask[None, :])
+
+
+def prefill_config(max_query_len: int | None, head_dim: int, fp32: bool) -> dict:
+    """Tile sizes: smaller for float32 (IEEE dots, twice the registers) and for short query chunks."""
+    block_m = 32 if fp32 or head_dim > 128 else 64
+    if max_query_len is not None:
+        block_m = min(block_m, pow2(max_query_len, 16))
+    block_n = 32 if fp32 or head_dim > 128 else 64
+    return dict(block_m=block_m, block_n=block_n, num_warps=4, num_stages=2)
+
+
+def launch_prefill(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, qk_scale, window,
+                   k_scale, v_scale, out, skip_decodes, block_m, block_n, num_warps, num_stages) -> None:
+    """Run the prefill kernel over every sequence with more than one new token (all if not skip_decodes)."""
+    num_tokens, heads, head_dim = query.shape
+    num_seqs = seq_lens.shape[0]
+    scaled = k_scale is not None
+    grid = (num_tokens // block_m + num_seqs, heads)
+    _prefill_kernel[grid](
+        query, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
+        k_scale if scaled else query, v_scale if scaled else query, out,
+        qk_scale, window, num_seqs, *query.stride(), *out.stride(), *block_tables.stride(),
+        *k_cache.stride(), *v_cache.stride(), head_dim, heads // k_cache.shape[2],
+        BLOCK_SIZE=k_cache.shape[1], BLOCK_M=block_m, BLOCK_N=block_n, D_PAD=pow2(head_dim, 16),
+        HAS_SCALE=scaled, SKIP_DECODES=skip_decodes, num_warps=num_warps, num_stages=num_stages,
+    )
