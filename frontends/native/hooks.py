@@ -42,9 +42,9 @@ def atom_translate_config(host: str, host_config: Any):
 def atom_metadata_builder(host: str, spec: Any):
     if host != HOST:
         return None
-    from atom_frontends.native.metadata import build_metadata
+    from atom_frontends.native.inputs import InputBuilder
 
-    return build_metadata
+    return InputBuilder
 
 
 @hookimpl

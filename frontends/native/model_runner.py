@@ -1,6 +1,13 @@
-"""Runs one scheduled step: builds inputs + metadata, runs the model, samples."""
+"""Runs one scheduled step: builds inputs + metadata, runs the model (eagerly or as a CUDA graph), samples.
+
+On GPU nothing in a decode step waits for the device except reading the sampled tokens: inputs
+reach the device through non-blocking copies, logits rows are gathered with device indices and
+the sampler is vectorised.
+"""
 
 from __future__ import annotations
+
+import logging
 
 import torch
 
@@ -9,20 +16,22 @@ from atom_core.forward_context import set_forward_context
 from atom_core.platform import Platform
 from atom_core.plugins import metadata_builder
 from atom_frontends.native.attention import NativeAttention
-from atom_frontends.native.metadata import SeqChunk
+from atom_frontends.native.cuda_graphs import DecodeGraphs, batch_size_ladder, why_not_capturable
 from atom_frontends.native.sampler import sample
 from atom_frontends.native.scheduler import Scheduled
 
 FP8_KV = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn}
+log = logging.getLogger(__name__)
 
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, config: AtomConfig, platform: Platform, seed: int) -> None:
         self.model, self.config, self.device = model, config, platform.device
         self.attn_layers = [m for m in model.modules() if isinstance(m, NativeAttention)]
-        self.build_metadata = metadata_builder(spec=None, host="native")
+        self.inputs = metadata_builder(spec=None, host="native")(config, self.device)
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.num_blocks = 0
+        self.graphs: DecodeGraphs | None = None
 
     @property
     def kv_dtype(self) -> torch.dtype:
@@ -34,7 +43,8 @@ class ModelRunner:
         return per_layer * self.config.block_size * elem
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
-        """One [2, num_blocks, block_size, kv_heads, head_dim] tensor per attention layer."""
+        """One [2, num_blocks, block_size, kv_heads, head_dim] tensor per attention layer; then, on GPU,
+        the decode CUDA graphs are captured, as they bake in the caches' addresses."""
         self.num_blocks = num_blocks
         for layer in self.attn_layers:
             s = layer.spec
@@ -43,27 +53,38 @@ class ModelRunner:
             if self.config.kv_cache_dtype != "auto":
                 layer.k_scale = torch.ones((), dtype=torch.float32, device=self.device)
                 layer.v_scale = torch.ones((), dtype=torch.float32, device=self.device)
+        self._capture_graphs()
+
+    def _capture_graphs(self) -> None:
+        reason = why_not_capturable(self.device, self.config.enforce_eager)
+        if reason is not None:
+            if self.device.type == "cuda":
+                log.warning("CUDA graphs off (%s): decode steps run eagerly", reason)
+            return
+        self.graphs = DecodeGraphs(self.model, self.inputs, batch_size_ladder(self.config.max_num_seqs))
+
+    def _graph_size(self, batch: list[Scheduled]) -> int | None:
+        """Padded batch size of a decode-only step that a captured graph can run, else None."""
+        if self.graphs is None or any(s.num_new_tokens != 1 for s in batch):
+            return None
+        return self.graphs.padded_size(len(batch))
 
     @torch.inference_mode()
     def execute(self, batch: list[Scheduled]) -> list[int | None]:
         """Returns the sampled token of each scheduled request that completed, None for partial chunks."""
-        chunks, input_ids = [], []
-        for s in batch:
-            r = s.request
-            start = r.num_computed_tokens
-            chunks.append(SeqChunk(r.block_ids, start, s.num_new_tokens))
-            input_ids.extend(r.all_token_ids[start : start + s.num_new_tokens])
-        md = self.build_metadata(chunks, self.config.block_size, self.device)
-        ids = torch.tensor(input_ids, dtype=torch.int64).to(self.device, non_blocking=True)
-        with set_forward_context(md):
-            hidden = self.model(ids, md.positions)
+        size = self._graph_size(batch)
+        step = self.inputs.build(batch, graph_size=size)
+        if size is None:
+            with set_forward_context(step.metadata):
+                hidden = self.model(step.input_ids, step.metadata.positions)
+        else:
+            hidden = self.graphs.replay(size)
         rows = [i for i, s in enumerate(batch) if s.completes]
-        if not rows:
-            return [None] * len(batch)
-        last = md.query_start_loc[1:].long() - 1
-        logits = self.model.compute_logits(hidden[last[rows]])
-        tokens = sample(logits, [batch[i].request for i in rows], self.generator)
         result: list[int | None] = [None] * len(batch)
+        if not rows:
+            return result
+        logits = self.model.compute_logits(hidden[step.logits_indices])
+        tokens = sample(logits, [batch[i].request for i in rows], self.generator)
         for i, tok in zip(rows, tokens):
             result[i] = tok
         return result

@@ -49,7 +49,10 @@ def _worker(rank, world, path, port, queue):
     from atom_core.config import AtomConfig
     from atom_core.forward_context import set_forward_context
     from atom_core.loader import load_hf_config, load_model
-    from atom_frontends.native.metadata import SeqChunk, build_metadata
+    from atom_frontends.native.inputs import InputBuilder
+    from atom_frontends.native.request import Request
+    from atom_frontends.native.sampling_params import SamplingParams
+    from atom_frontends.native.scheduler import Scheduled
 
     plugins.get_plugin_manager().register(_GlooHost(), name="tp-test")
     cfg = AtomConfig(hf_config=load_hf_config(path), model_path=str(path), max_model_len=64, block_size=4)
@@ -57,8 +60,9 @@ def _worker(rank, world, path, port, queue):
     for layer in model.modules():
         if hasattr(layer, "kv_cache"):
             layer.kv_cache = torch.zeros(2, 8, 4, layer.spec.num_kv_heads, layer.spec.head_dim)
-    ids = torch.arange(3, 3 + 11)
-    md = build_metadata([SeqChunk([5, 2, 7], 0, 11)], 4, torch.device("cpu"))
+    req = Request("0", None, list(range(3, 3 + 11)), SamplingParams(), frozenset(), block_ids=[5, 2, 7])
+    step = InputBuilder(cfg, torch.device("cpu")).build([Scheduled(req, 11)])
+    ids, md = step.input_ids, step.metadata
     with torch.inference_mode(), set_forward_context(md):
         logits = model.compute_logits(model(ids, md.positions))
     if rank == 0:

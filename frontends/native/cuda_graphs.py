@@ -1,0 +1,74 @@
+"""CUDA graphs of the model forward for decode-only steps, over a ladder of batch sizes.
+
+A step whose sequences all add exactly one token is padded to the next captured size G and
+replays the graph captured for G. The graph reads the InputBuilder's persistent device buffers
+(the layout of a G-row decode step) and the KV caches bound at capture time, so neither may be
+reallocated afterwards. Attention is captured with static hints (max_query_len 1, max_seq_len
+max_model_len) so its grid is the same on every replay.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+
+import torch
+
+from atom_core.forward_context import set_forward_context
+from atom_frontends.native.inputs import InputBuilder
+from atom_kernels import dispatch
+
+log = logging.getLogger(__name__)
+
+# Ops whose torch reference syncs with the host (.tolist(), boolean-mask indexing): not capturable.
+SYNCING_REFERENCES = ("write_kv_cache", "paged_attention", "fused_qk_norm_rope_write_kv")
+
+
+def batch_size_ladder(max_size: int) -> list[int]:
+    """1, 2, 4, 8, 16, 24, 32, ... (steps of 8), max_size."""
+    sizes = {b for b in (1, 2, 4, 8) if b < max_size} | set(range(16, max_size, 8)) | {max_size}
+    return sorted(sizes)
+
+
+def why_not_capturable(device: torch.device, enforce_eager: bool) -> str | None:
+    """None when decode steps can run as CUDA graphs, else the reason they cannot."""
+    if device.type != "cuda":
+        return f"device is {device.type}"
+    if enforce_eager:
+        return "enforce_eager=True"
+    torch_ops = [op for op in SYNCING_REFERENCES
+                 if op in dispatch.OPS and dispatch.backend_for(op, "cuda") == "torch"]
+    if torch_ops:
+        return f"{', '.join(torch_ops)} would run the torch reference, which syncs with the host"
+    return None
+
+
+class DecodeGraphs:
+    def __init__(self, model: torch.nn.Module, inputs: InputBuilder, sizes: list[int]) -> None:
+        self.sizes = sorted(sizes)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.hidden: dict[int, torch.Tensor] = {}  # size → the graph's output [size, hidden_size]
+        pool = None
+        with torch.inference_mode():
+            for size in reversed(self.sizes):  # largest first: smaller graphs reuse its pool memory
+                step = inputs.build([], graph_size=size)  # all rows padding
+                with set_forward_context(step.metadata):
+                    model(step.input_ids, step.metadata.positions)  # warm-up: JIT/autotune outside capture
+                    torch.cuda.synchronize()
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=pool):
+                        self.hidden[size] = model(step.input_ids, step.metadata.positions)
+                pool = graph.pool()
+                self.graphs[size] = graph
+        torch.cuda.synchronize()
+        log.info("captured CUDA graphs for decode batch sizes %s", self.sizes)
+
+    def padded_size(self, num_seqs: int) -> int | None:
+        """The smallest captured size >= num_seqs, None when there is none."""
+        i = bisect.bisect_left(self.sizes, num_seqs)
+        return self.sizes[i] if i < len(self.sizes) else None
+
+    def replay(self, size: int) -> torch.Tensor:
+        """Run the graph for `size` on the inputs already in the buffers; returns [size, hidden_size]."""
+        self.graphs[size].replay()
+        return self.hidden[size]
