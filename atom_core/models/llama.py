@@ -7,7 +7,9 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+import atom_kernels
 from atom_core.config import AtomConfig
+from atom_core.forward_context import get_forward_context
 from atom_core.layers import (
     Attention,
     MergedColumnParallelLinear,
@@ -33,6 +35,21 @@ def _sliding_window(cfg, layer_idx: int) -> int | None:
     return None
 
 
+def _cache_write_args(attn) -> tuple | None:
+    """(k_cache, v_cache, slot_mapping, k_scale, v_scale) to write this step's K/V from outside the attention
+    layer, or None: no cache bound yet / warm-up, or a layer that offers neither of the two ways below."""
+    offer = getattr(attn, "kv_cache_write_args", None)  # a host layer may say it itself
+    if offer is not None:
+        return offer()
+    kv = getattr(attn, "kv_cache", None)  # else a bound [2, num_blocks, block_size, kv_heads, d] cache
+    if not isinstance(kv, torch.Tensor) or kv.dim() != 5:
+        return None
+    md = get_forward_context().metadata_for(attn.spec.prefix)
+    if md is None:
+        return None
+    return kv[0], kv[1], md.slot_mapping, getattr(attn, "k_scale", None), getattr(attn, "v_scale", None)
+
+
 class LlamaAttention(nn.Module):
     def __init__(self, config: AtomConfig, layer_idx: int, prefix: str, qk_norm: bool) -> None:
         super().__init__()
@@ -46,6 +63,8 @@ class LlamaAttention(nn.Module):
         self.rotary_emb = get_rope(cfg, self.head_dim, config.max_model_len)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if qk_norm else None
+        # Qwen3: q/k norm + rotary + cache write in one kernel; the layer then gets key=None (no 2nd write).
+        self.fused_qk_norm_rope = qk_norm and config.ATOM_FUSED_QK_NORM_ROPE
         self.attn = Attention(self.num_heads, self.head_dim, self.head_dim**-0.5, self.num_kv_heads,
                               sliding_window=_sliding_window(cfg, layer_idx),
                               kv_cache_dtype=config.kv_cache_dtype, prefix=f"{prefix}.attn")
@@ -55,6 +74,14 @@ class LlamaAttention(nn.Module):
         q, k, v = self.qkv_proj(hidden).split(self.qkv_proj.sizes, dim=-1)
         q = q.reshape(t, self.num_heads, self.head_dim)
         k = k.reshape(t, self.num_kv_heads, self.head_dim)
+        target = _cache_write_args(self.attn) if self.fused_qk_norm_rope else None
+        if target is not None:
+            k_cache, v_cache, slots, k_scale, v_scale = target
+            q = atom_kernels.fused_qk_norm_rope_write_kv(
+                positions, q, k, v.view(t, self.num_kv_heads, self.head_dim), self.q_norm.weight,
+                self.k_norm.weight, self.q_norm.eps, self.rotary_emb.cos_sin_cache, k_cache, v_cache, slots,
+                k_scale, v_scale)
+            return self.o_proj(self.attn(q.reshape(t, -1), None, None))
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary_emb(positions, q, k)
