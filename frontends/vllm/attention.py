@@ -1,0 +1,90 @@
+"""The vLLM host's attention layer (the `atom_attention_impl` answer for host "vllm").
+
+vLLM finds the layer in compilation_config.static_forward_context under its prefix (e.g.
+"model.layers.3.self_attn.attn"), asks it for its backend and KV-cache spec, binds `kv_cache`
+(a [num_blocks, kv_heads, block_size, 2*head_dim] view) and, per step, puts our metadata in its
+forward context under the layer name. The attention call is the opaque custom op
+atom::vllm_attention taking the layer NAME: traced inline under torch.compile, the profiling
+branch (no metadata, no cache) would be baked into the graph and every step would return zeros.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from vllm.config import VllmConfig, get_current_vllm_config
+from vllm.forward_context import get_forward_context
+from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheSpec, SlidingWindowSpec, get_kv_quant_mode
+
+from atom_core.layers.attention import AttentionSpec
+from atom_frontends.vllm.backend import AtomAttentionBackend, AtomAttentionImpl, register_attention_backend
+from atom_frontends.vllm.platforms import ATTENTION_OP
+
+
+@torch.library.custom_op(ATTENTION_OP, mutates_args=("output",))
+def vllm_attention(query: torch.Tensor, key: torch.Tensor | None, value: torch.Tensor | None,
+                   output: torch.Tensor, layer_name: str) -> None:
+    """Write K/V into the layer's cache (unless key is None: already written) and attend, into `output`."""
+    ctx = get_forward_context()
+    layer = ctx.no_compile_layers[layer_name]
+    md = ctx.attn_metadata
+    if isinstance(md, list):  # speculative decoding: [0] holds the target model's metadata
+        md = md[0]
+    md = md.get(layer_name) if isinstance(md, dict) else md
+    if md is None or layer.kv_cache.numel() == 0:  # profiling / warm-up: no cache to touch
+        output.zero_()
+        return
+    layer.impl.forward(layer, query, key, value, layer.kv_cache, md, output)
+
+
+@vllm_attention.register_fake
+def _(query, key, value, output, layer_name) -> None:
+    return None
+
+
+class AttentionForVllm(nn.Module, AttentionLayerBase):
+    def __init__(self, spec: AttentionSpec) -> None:
+        super().__init__()
+        vllm_config = get_current_vllm_config()
+        register_attention_backend()  # idempotent; covers a VLLM_PLUGINS filter that kept only the platform
+        self.spec = spec
+        self.layer_name = spec.prefix
+        self.num_heads, self.num_kv_heads, self.head_size = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        self.head_size_v = spec.head_dim
+        self.sliding_window = spec.sliding_window
+        self.kv_cache_dtype = spec.kv_cache_dtype
+        self.kv_cache_torch_dtype = kv_cache_dtype_str_to_dtype(spec.kv_cache_dtype, vllm_config.model_config)
+        self.dtype = torch.get_default_dtype()
+        self.attn_type = "decoder"
+        self.kv_sharing_target_layer_name = None
+        self.attn_backend = AtomAttentionBackend
+        self.impl = AtomAttentionImpl(spec.num_heads, spec.head_dim, spec.scale, spec.num_kv_heads,
+                                      sliding_window=spec.sliding_window, kv_cache_dtype=spec.kv_cache_dtype,
+                                      prefix=spec.prefix)
+        forward_ctx = vllm_config.compilation_config.static_forward_context
+        if spec.prefix in forward_ctx:
+            raise ValueError(f"duplicate attention layer name {spec.prefix!r} in vLLM's forward context")
+        forward_ctx[spec.prefix] = self
+        self.kv_cache = torch.tensor([])  # vLLM binds the real view (bind_kv_cache)
+        # Per-tensor fp8 KV scales (1.0: atom-core checkpoints carry none); buffers follow .to(device).
+        self.register_buffer("_k_scale", torch.ones((), dtype=torch.float32), persistent=False)
+        self.register_buffer("_v_scale", torch.ones((), dtype=torch.float32), persistent=False)
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor | None, value: torch.Tensor | None) -> torch.Tensor:
+        """query [T, heads*d], key/value [T, kv_heads*d] (None: already in the cache) → [T, heads*d]"""
+        output = torch.empty_like(query)
+        torch.ops.atom.vllm_attention(query, key, value, output, self.layer_name)
+        return output
+
+    def get_attn_backend(self) -> type[AtomAttentionBackend]:
+        return AtomAttentionBackend
+
+    def get_kv_cache_spec(self, vllm_config: VllmConfig) -> KVCacheSpec:
+        common = dict(block_size=vllm_config.cache_config.block_size, num_kv_heads=self.num_kv_heads,
+                      head_size=self.head_size, dtype=self.kv_cache_torch_dtype,
+                      kv_quant_mode=get_kv_quant_mode(self.kv_cache_dtype))
+        if self.spec.uses_sliding_window:
+            return SlidingWindowSpec(sliding_window=self.spec.sliding_window, **common)
+        return FullAttentionSpec(**common)

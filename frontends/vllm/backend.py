@@ -1,0 +1,102 @@
+"""atom-core's vLLM attention backend: registered as "ATOM" with vLLM's register_backend.
+
+The backend's impl runs the ONE shared computation (atom_core.layers.attention.attention_forward) on
+vLLM's per-layer KV cache in place; its builder (metadata.py) turns vLLM's CommonAttentionMetadata
+into the core's AttentionMetadata.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+from vllm.v1.attention.backend import AttentionBackend, AttentionImpl, AttentionType
+from vllm.v1.kv_cache_layout import KVCacheLayout
+
+from atom_core.forward_context import AttentionMetadata
+from atom_core.layers.attention import AttentionSpec, attention_forward
+
+BACKEND_NAME = "ATOM"
+BACKEND_PATH = "atom_frontends.vllm.backend.AtomAttentionBackend"
+
+
+def register_attention_backend() -> None:
+    """Register (or re-point, when already registered in this process) the "ATOM" backend name."""
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+
+    if BACKEND_NAME in AttentionBackendEnum.__members__:
+        register_backend(AttentionBackendEnum.__members__[BACKEND_NAME], BACKEND_PATH)
+    else:
+        register_backend(BACKEND_NAME, BACKEND_PATH)
+
+
+def split_kv_cache(kv_cache: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """vLLM's per-layer view [num_blocks, kv_heads, block_size, 2*head_dim] (K then V on the last dim,
+    strides set by the negotiated layout) → K and V views [num_blocks, block_size, kv_heads, head_dim],
+    the logical shape atom_kernels read. No copy."""
+    return kv_cache[..., :head_dim].transpose(1, 2), kv_cache[..., head_dim:].transpose(1, 2)
+
+
+class AtomAttentionImpl(AttentionImpl[AttentionMetadata]):
+    """Holds the layer's AttentionSpec; forward writes this step's K/V and attends, via atom_kernels."""
+
+    def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int | None = None,
+                 alibi_slopes=None, sliding_window: int | None = None, kv_cache_dtype: str = "auto",
+                 logits_soft_cap=None, attn_type: str = AttentionType.DECODER,
+                 kv_sharing_target_layer_name: str | None = None, *, prefix: str = "") -> None:
+        if alibi_slopes is not None or logits_soft_cap or kv_sharing_target_layer_name is not None:
+            raise NotImplementedError("atom-core attention supports neither ALiBi, logit soft-capping "
+                                      "nor KV sharing")
+        if attn_type != AttentionType.DECODER:
+            raise NotImplementedError(f"atom-core attention supports decoder attention only, not {attn_type}")
+        self.num_heads, self.head_size, self.scale = num_heads, head_size, scale
+        self.num_kv_heads = num_kv_heads or num_heads
+        self.sliding_window = sliding_window
+        self.kv_cache_dtype = kv_cache_dtype
+        self.spec = AttentionSpec(num_heads, head_size, scale, self.num_kv_heads, prefix,
+                                  sliding_window, kv_cache_dtype)
+
+    def forward(self, layer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                kv_cache: torch.Tensor, attn_metadata: AttentionMetadata, output: torch.Tensor,
+                output_scale: torch.Tensor | None = None, output_block_scale: torch.Tensor | None = None,
+                ) -> torch.Tensor:
+        """query [T, heads*d], key/value [T, kv_heads*d], output [T, heads*d] (written in place)."""
+        if output_scale is not None or output_block_scale is not None:
+            raise NotImplementedError("atom-core attention does not fuse output quantization")
+        k_cache, v_cache = split_kv_cache(kv_cache, self.head_size)
+        quantized = self.kv_cache_dtype.startswith("fp8")
+        k_scale = layer._k_scale if quantized else None
+        v_scale = layer._v_scale if quantized else None
+        return attention_forward(self.spec, query, key, value, k_cache, v_cache, attn_metadata,
+                                 k_scale, v_scale, out=output)
+
+
+class AtomAttentionBackend(AttentionBackend):
+    forward_includes_kv_cache_update = True  # our forward writes the KV cache itself
+    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16, torch.float32]
+    supported_kv_cache_dtypes: ClassVar[list[str]] = ["auto", "fp8", "fp8_e4m3"]
+
+    @staticmethod
+    def get_name() -> str:
+        return BACKEND_NAME
+
+    @staticmethod
+    def get_impl_cls() -> type[AtomAttentionImpl]:
+        return AtomAttentionImpl
+
+    @staticmethod
+    def get_builder_cls():
+        from atom_frontends.vllm.metadata import AtomMetadataBuilder
+
+        return AtomMetadataBuilder
+
+    @classmethod
+    def supports_sliding_window(cls) -> bool:
+        return True
+
+    @classmethod
+    def supported_kv_cache_layouts(cls) -> tuple[KVCacheLayout, ...]:
+        # atom_kernels take K/V as strided views, so every layout works; token-major (NHD) pages
+        # match our logical [blocks, block_size, kv_heads, head_dim] best, so they come first.
+        first = (KVCacheLayout.LBNHC, KVCacheLayout.BLNHC)
+        return first + tuple(layout for layout in KVCacheLayout if layout not in first)

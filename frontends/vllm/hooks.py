@@ -1,0 +1,53 @@
+"""vLLM host hooks. They answer only for host "vllm"; the host is marked active by our vLLM entry
+points (plugin.py), which vLLM runs in every one of its processes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from atom_core.hookspecs import hookimpl
+from atom_core.plugins import HostMarker
+
+HOST = "vllm"
+VLLM = HostMarker(HOST)
+
+
+@hookimpl
+def atom_detect_host() -> str | None:
+    return VLLM.detect()
+
+
+@hookimpl
+def atom_platform(host: str):
+    if host != HOST:
+        return None
+    from atom_frontends.vllm.config import platform_from_vllm
+
+    return platform_from_vllm()
+
+
+@hookimpl
+def atom_translate_config(host: str, host_config: Any):
+    if host != HOST:
+        return None
+    from atom_frontends.vllm.config import is_vllm_config, to_atom_config
+
+    return to_atom_config(host_config) if is_vllm_config(host_config) else None
+
+
+@hookimpl
+def atom_metadata_builder(host: str, spec: Any):
+    if host != HOST:
+        return None
+    from atom_frontends.vllm.metadata import build_metadata
+
+    return build_metadata
+
+
+@hookimpl
+def atom_attention_impl(host: str, spec: Any):
+    if host != HOST:
+        return None
+    from atom_frontends.vllm.attention import AttentionForVllm
+
+    return AttentionForVllm

@@ -1,0 +1,72 @@
+"""vLLM's CommonAttentionMetadata → the core's AttentionMetadata (the vLLM `atom_metadata_builder`).
+
+No device copies: every tensor of the result is a view of one vLLM already holds on the device;
+the prefill/decode counts come from the host-side query_start_loc_cpu (no device sync).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from vllm.v1.attention.backend import AttentionCGSupport, AttentionMetadataBuilder, CommonAttentionMetadata
+
+from atom_core.forward_context import AttentionMetadata
+from atom_core.plugins import metadata_builder
+
+
+def _positions(common: CommonAttentionMetadata, num_tokens: int) -> torch.Tensor:
+    """common.positions when the runner set it, else derived on the device (no sync, no copy)."""
+    if common.positions is not None:
+        return common.positions[:num_tokens]
+    qsl = common.query_start_loc
+    q_lens = qsl[1:] - qsl[:-1]
+    # token t of request r sits at position seq_lens[r] - (qsl[r+1] - t)
+    req = torch.repeat_interleave(torch.arange(q_lens.shape[0], device=qsl.device), q_lens,
+                                  output_size=num_tokens)
+    t = torch.arange(num_tokens, device=qsl.device)
+    return (common.seq_lens[req] - qsl[1:][req] + t).long()
+
+
+def build_metadata(common: CommonAttentionMetadata, block_size: int) -> AttentionMetadata:
+    """One vLLM batch (requests in vLLM's order; with our builder, decodes first) → AttentionMetadata."""
+    n = common.num_actual_tokens
+    qsl_cpu = common.query_start_loc_cpu
+    q_lens = (qsl_cpu[1:] - qsl_cpu[:-1]).tolist()  # host tensor: no device sync
+    decodes = sum(1 for q in q_lens if q == 1)
+    prefill_lens = [q for q in q_lens if q > 1]  # padded requests (q == 0) are neither
+    return AttentionMetadata(
+        slot_mapping=common.slot_mapping[:n],
+        block_tables=common.block_table_tensor,
+        seq_lens=common.seq_lens,
+        query_start_loc=common.query_start_loc,
+        positions=_positions(common, n),
+        max_query_len=common.max_query_len,
+        max_seq_len=common.max_seq_len,
+        num_prefills=len(prefill_lens),
+        num_prefill_tokens=sum(prefill_lens),
+        num_decodes=decodes,
+        num_decode_tokens=decodes,
+        block_size=block_size,
+        extra={"num_reqs": common.num_reqs, "num_actual_tokens": n},
+    )
+
+
+class AtomMetadataBuilder(AttentionMetadataBuilder[AttentionMetadata]):
+    """vLLM's per-KV-cache-group builder; the conversion itself is the hook's answer for host vllm."""
+
+    # The reference kernels read host values (.tolist()), so attention stays out of CUDA graphs;
+    # vLLM then captures only the pieces between attention ops (piecewise), or nothing.
+    _cudagraph_support = AttentionCGSupport.NEVER
+
+    def __init__(self, kv_cache_spec: Any, layer_names: list[str], vllm_config: Any,
+                 device: torch.device) -> None:
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        self.block_size = kv_cache_spec.block_size
+        self._build = metadata_builder(spec=kv_cache_spec, host="vllm")
+        # Decodes (query length 1) first: vLLM reorders the batch so they lead.
+        self._init_reorder_batch_threshold(1)
+
+    def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
+              fast_build: bool = False) -> AttentionMetadata:
+        return self._build(common_attn_metadata, self.block_size)

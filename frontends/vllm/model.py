@@ -1,0 +1,97 @@
+"""The vLLM model class serving every atom-core architecture (registered by plugin.register).
+
+vLLM's model contract: __init__(*, vllm_config, prefix), embed_input_ids, forward(input_ids,
+positions, intermediate_tensors, inputs_embeds) → hidden states, compute_logits(hidden) and
+load_weights(weights) → the names of every parameter loaded. The core model is built from the
+AtomConfig the atom_translate_config hook makes of the VllmConfig; vLLM compiles its decoder body
+with its own torch.compile integration (support_torch_compile), as it does for its own models,
+provided dynamo can trace atom_kernels' dispatcher (probed once per process); else it runs eagerly.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+from vllm.compilation.decorators import support_torch_compile
+from vllm.config import VllmConfig
+
+from atom_core.models import get_model_class
+from atom_core.plugins import translate_config
+
+logger = logging.getLogger("vllm.atom_core")
+
+
+@functools.cache
+def kernels_traceable(device_type: str) -> bool:
+    """Can dynamo trace atom_kernels' ops (their dispatcher included) without a graph break?
+
+    vLLM compiles with fullgraph=True, so a dispatcher dynamo cannot trace (e.g. one that imports
+    kernel modules on first use) would fail the engine at warm-up; then vLLM runs our decoder eagerly.
+    """
+    import atom_kernels
+
+    def probe(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return atom_kernels.silu_and_mul(atom_kernels.rms_norm(x, w, 1e-6))
+
+    x = torch.ones(2, 8, device=device_type)
+    try:
+        torch.compile(probe, fullgraph=True, backend="eager", dynamic=False)(x, torch.ones(8, device=device_type))
+    except Exception as e:  # dynamo reports untraceable code with many exception types
+        logger.warning("atom-core: vLLM's torch.compile is off for atom-core models because dynamo cannot "
+                       "trace atom_kernels' dispatcher (%s: %s); they run eagerly",
+                       type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+        return False
+    return True
+
+
+def _compile_decoder(vllm_config: VllmConfig) -> bool:
+    return kernels_traceable(vllm_config.device_config.device_type)
+
+
+@support_torch_compile(dynamic_arg_dims={"input_ids": 0, "positions": 0, "inputs_embeds": 0},
+                       enable_if=_compile_decoder)
+class AtomDecoder(nn.Module):
+    """The core model's decoder (embeddings → layers → final norm) as vLLM's compile unit."""
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "", decoder: nn.Module) -> None:
+        super().__init__()
+        self.decoder = decoder
+
+    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
+                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        return self.decoder(input_ids, positions, inputs_embeds)
+
+
+class AtomForCausalLM(nn.Module):
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
+        super().__init__()
+        atom_config = translate_config(vllm_config, host="vllm")
+        if atom_config.pipeline_parallel_size != 1:
+            raise ValueError("atom-core does not support pipeline parallelism under vLLM yet")
+        # vLLM set the default dtype and device for construction; the core model follows them.
+        self.core = get_model_class(atom_config.architecture)(atom_config, prefix=prefix)
+        # The same decoder module, registered second: parameter names stay "core.…" (named_parameters
+        # lists a shared parameter once, under its first path), so checkpoint names map as in the core.
+        self.decoder = AtomDecoder(vllm_config=vllm_config, prefix=prefix, decoder=self.core.model)
+        self.config = atom_config.hf_config
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.core.embed_input_ids(input_ids)
+
+    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor, intermediate_tensors=None,
+                inputs_embeds: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
+        """input_ids/positions [T] (or inputs_embeds [T, hidden]) → hidden states [T, hidden]."""
+        if intermediate_tensors is not None:
+            raise ValueError("atom-core models do not support pipeline parallelism (intermediate_tensors)")
+        return self.decoder(input_ids, positions, inputs_embeds)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.core.compute_logits(hidden_states)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Checkpoint names are the core model's; returns our parameter names (prefixed "core.")."""
+        return {f"core.{name}" for name in self.core.load_weights(weights)}
