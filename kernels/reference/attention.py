@@ -34,32 +34,61 @@ def paged_attention(
     sliding_window: a query at position p sees keys at positions > p - sliding_window.
     Returns [num_tokens, num_heads, head_dim] in query's dtype. Math runs in float32.
     """
-    num_heads = query.shape[1]
-    num_kv_heads = k_cache.shape[2]
-    group = num_heads // num_kv_heads
     if out is None:
         out = torch.empty_like(query)
     qsl = query_start_loc.tolist()
     lens = seq_lens.tolist()
+    q_lens = [qsl[i + 1] - qsl[i] for i in range(len(lens))]
+    decodes = [i for i, n in enumerate(q_lens) if n == 1]
+    if len(decodes) > 1:  # all single-token queries in one batched pass (the hot path of decoding)
+        rows = torch.tensor([qsl[i] for i in decodes])
+        out[rows] = _decode_batch(query[rows], k_cache, v_cache, block_tables[decodes], seq_lens[decodes],
+                                  scale, sliding_window, k_scale, v_scale).to(out.dtype)
     for i, seq_len in enumerate(lens):
-        start, end = qsl[i], qsl[i + 1]
-        if end == start:
+        if q_lens[i] == 0 or (len(decodes) > 1 and q_lens[i] == 1):
             continue
-        k = gather_kv(k_cache, block_tables[i], seq_len).float()
-        v = gather_kv(v_cache, block_tables[i], seq_len).float()
-        if k_scale is not None:
-            k, v = k * k_scale.float(), v * v_scale.float()
-        # [kv_heads, seq, d] → repeated per query head: [heads, seq, d]
-        k = k.transpose(0, 1).repeat_interleave(group, dim=0)
-        v = v.transpose(0, 1).repeat_interleave(group, dim=0)
-        q = query[start:end].float().transpose(0, 1)  # [heads, q_len, d]
-        scores = torch.matmul(q, k.transpose(1, 2)) * scale  # [heads, q_len, seq]
+        start, end = qsl[i], qsl[i + 1]
+        k = _dequant(gather_kv(k_cache, block_tables[i], seq_len), k_scale)
+        v = _dequant(gather_kv(v_cache, block_tables[i], seq_len), v_scale)
         q_pos = torch.arange(seq_len - (end - start), seq_len).unsqueeze(1)
-        k_pos = torch.arange(seq_len).unsqueeze(0)
-        mask = k_pos > q_pos
-        if sliding_window is not None and sliding_window > 0:
-            mask |= k_pos <= q_pos - sliding_window
-        scores.masked_fill_(mask, float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
-        out[start:end] = torch.matmul(probs, v).transpose(0, 1).to(out.dtype)
+        mask = _mask(q_pos, torch.arange(seq_len).unsqueeze(0), sliding_window)  # [q_len, seq]
+        out[start:end] = _attend(query[start:end], k, v, mask, scale).to(out.dtype)
     return out
+
+
+def _dequant(x: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    return x.float() if scale is None else x.float() * scale.float()
+
+
+def _mask(q_pos: torch.Tensor, k_pos: torch.Tensor, sliding_window: int | None) -> torch.Tensor:
+    """True where a key must NOT be seen: the future, and keys that slid out of the window."""
+    mask = k_pos > q_pos
+    if sliding_window is not None and sliding_window > 0:
+        mask |= k_pos <= q_pos - sliding_window
+    return mask
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """q [..., q_len, heads, d]; k, v [..., seq, kv_heads, d]; mask broadcastable to [..., heads, q_len, seq]."""
+    group = q.shape[-2] // k.shape[-2]
+    q = q.float().transpose(-3, -2)  # [..., heads, q_len, d]
+    k = k.transpose(-3, -2).repeat_interleave(group, dim=-3)  # [..., heads, seq, d]
+    v = v.transpose(-3, -2).repeat_interleave(group, dim=-3)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    probs = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
+    return torch.matmul(probs, v).transpose(-3, -2)  # [..., q_len, heads, d]
+
+
+def _decode_batch(q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, k_scale, v_scale):
+    """q [B, heads, d], one query per sequence at position seq_len - 1 → [B, heads, d]."""
+    block_size = k_cache.shape[1]
+    max_len = int(seq_lens.max())
+    tables = block_tables[:, : -(-max_len // block_size)].long()
+    k = _dequant(k_cache[tables].flatten(1, 2)[:, :max_len], k_scale)  # [B, max_len, kv_heads, d]
+    v = _dequant(v_cache[tables].flatten(1, 2)[:, :max_len], v_scale)
+    k_pos = torch.arange(max_len).view(1, 1, 1, -1)
+    q_pos = (seq_lens.long() - 1).view(-1, 1, 1, 1)
+    # Rows past a sequence's end hold whatever the cache has (maybe NaN): 0 * NaN would leak.
+    v = v.masked_fill((k_pos > q_pos).view(-1, max_len, 1, 1), 0.0)
+    mask = _mask(q_pos, k_pos, sliding_window)  # [B, 1, 1, max_len]; also hides the padding
+    return _attend(q.unsqueeze(1), k, v, mask, scale).squeeze(1)
