@@ -1,0 +1,145 @@
+"""atom-core's SGLang attention backend (`--attention-backend atom`).
+
+init_forward_metadata builds the core's AttentionMetadata through the `atom_metadata_builder`
+hook; forward_extend/forward_decode run the shared `attention_forward` (atom_kernels) directly on
+SGLang's token pool, in place. It serves atom-core's layers and SGLang's own RadixAttention layers.
+Imported only inside SGLang processes (it subclasses SGLang's AttentionBackend).
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+from sglang.srt.layers.radix_attention import AttentionType
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+
+from atom_core.forward_context import AttentionMetadata
+from atom_core.layers.attention import AttentionSpec, attention_forward
+from atom_core.plugins import metadata_builder
+from atom_frontends.sglang.hooks import HOST
+
+NAME = "atom"
+CUDA_GRAPH_ERROR = (
+    "atom-core's SGLang attention backend cannot be captured in CUDA graphs yet: start SGLang with "
+    "--disable-cuda-graph (sglang.Engine(..., disable_cuda_graph=True)), or use another --attention-backend"
+)
+_FLOAT_KV = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def spec_of(layer) -> AttentionSpec:
+    """The AttentionSpec of an atom-core layer, or one derived from an SGLang RadixAttention."""
+    spec = getattr(layer, "spec", None)
+    if isinstance(spec, AttentionSpec):
+        return spec
+    problems = []
+    if layer.logit_cap and layer.logit_cap > 0:
+        problems.append(f"logit capping ({layer.logit_cap})")
+    if layer.is_cross_attention or layer.attn_type != AttentionType.DECODER:
+        problems.append(f"non-causal attention ({layer.attn_type.value}, cross={layer.is_cross_attention})")
+    if layer.qk_head_dim != layer.v_head_dim:
+        problems.append(f"v_head_dim {layer.v_head_dim} != head_dim {layer.qk_head_dim}")
+    if layer.use_irope:
+        problems.append("chunked local attention (irope)")
+    if problems:
+        raise NotImplementedError(f"attention layer {layer.layer_id} uses {', '.join(problems)}, which "
+                                  "atom-core's attention backend does not support yet; use another "
+                                  "--attention-backend")
+    # SGLang's window counts the keys before the query; ours includes the query.
+    size = layer.sliding_window_size
+    window = size + 1 if size is not None and size >= 0 else None
+    return AttentionSpec(layer.tp_q_head_num, layer.qk_head_dim, layer.scaling, layer.tp_k_head_num,
+                         prefix=f"sglang.layer{layer.layer_id}", sliding_window=window)
+
+
+class AtomAttnBackend(AttentionBackend):
+    def __init__(self, model_runner) -> None:
+        super().__init__()
+        self.device = model_runner.device
+        self.req_to_token_pool = model_runner.req_to_token_pool
+        self.token_to_kv_pool = model_runner.token_to_kv_pool
+        self._check_pool(self.token_to_kv_pool)
+        self.build_metadata = metadata_builder(spec=None, host=HOST)
+        self.forward_metadata: AttentionMetadata | None = None
+        self._specs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    @staticmethod
+    def _check_pool(pool) -> None:
+        if not isinstance(pool, MHATokenToKVPool):
+            raise NotImplementedError(f"atom-core's attention backend reads an MHATokenToKVPool; this model "
+                                      f"uses {type(pool).__name__} (hybrid/sliding-window/MLA pools are not "
+                                      "supported yet); use another --attention-backend")
+        if pool.dtype not in _FLOAT_KV or pool.store_dtype != pool.dtype:
+            raise NotImplementedError(f"KV cache dtype {pool.dtype} is not supported by atom-core's "
+                                      "attention backend yet; use --kv-cache-dtype auto")
+
+    # --- metadata -------------------------------------------------------------------------------
+    def init_forward_metadata(self, forward_batch) -> None:
+        self.forward_metadata = self.build_metadata(forward_batch, self.req_to_token_pool.req_to_token)
+
+    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False) -> None:
+        if in_capture:
+            raise RuntimeError(CUDA_GRAPH_ERROR)
+        self.init_forward_metadata(forward_batch)
+
+    def init_forward_metadata_in_graph(self, forward_batch) -> None:
+        return None
+
+    # --- graphs: refused until supported -----------------------------------------------------------
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
+        raise RuntimeError(CUDA_GRAPH_ERROR)
+
+    def init_forward_metadata_for_breakable_cuda_graph_capture(self, forward_batch):
+        raise RuntimeError(CUDA_GRAPH_ERROR)
+
+    def get_cuda_graph_seq_len_fill_value(self):
+        raise RuntimeError(CUDA_GRAPH_ERROR)
+
+    def support_triton(self) -> bool:
+        return False
+
+    # --- attention ------------------------------------------------------------------------------
+    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True, **kwargs):
+        return self._attend(q, k, v, layer, save_kv_cache, kwargs)
+
+    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True, **kwargs):
+        return self._attend(q, k, v, layer, save_kv_cache, kwargs)
+
+    def _spec(self, layer) -> AttentionSpec:
+        spec = self._specs.get(layer)
+        if spec is None:
+            spec = self._specs[layer] = spec_of(layer)
+        return spec
+
+    def _caches(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """SGLang's [slots, kv_heads, d] buffers as [slots, 1, kv_heads, d] views (block size 1)."""
+        pool = self.token_to_kv_pool
+        k, v = pool.get_key_buffer(layer_id), pool.get_value_buffer(layer_id)
+        if k.dim() != 3:
+            raise NotImplementedError(f"KV buffer of shape {tuple(k.shape)} is not the token-major "
+                                      "[slots, kv_heads, head_dim] layout atom-core reads "
+                                      "(unset SGLANG_USE_HND_KVCACHE)")
+        return k.unsqueeze(1), v.unsqueeze(1)
+
+    def _attend(self, q, k, v, layer, save_kv_cache: bool, kwargs: dict) -> torch.Tensor:
+        """q [T, heads*d] (or [T, heads, d]); k/v [T, kv_heads, d] → [T, heads*d]."""
+        if any(value is not None for value in kwargs.values()):
+            raise NotImplementedError(f"atom-core's attention backend got unsupported arguments "
+                                      f"{sorted(kwargs)}")
+        md = self.forward_metadata
+        t = q.shape[0]
+        if md is None or md.num_tokens != t:
+            raise RuntimeError(f"atom attention backend: no metadata for this batch of {t} tokens "
+                               "(init_forward_metadata was not called for it)")
+        spec = self._spec(layer)
+        k_cache, v_cache = self._caches(layer.layer_id)
+        write = save_kv_cache and k is not None and v is not None
+        key = k.reshape(t, -1) if write else None
+        value = v.reshape(t, -1) if write else None
+        return attention_forward(spec, q.reshape(t, -1), key, value, k_cache, v_cache, md)
+
+
+def create_backend(model_runner) -> AtomAttnBackend:
+    """The factory registered under NAME with SGLang's register_attention_backend."""
+    return AtomAttnBackend(model_runner)

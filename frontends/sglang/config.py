@@ -1,0 +1,112 @@
+"""SGLang's own config objects → AtomConfig (atom_translate_config) and Platform (atom_platform).
+
+Nothing here parses command lines: SGLang hands a model class its `hf_config` (already adjusted by
+SGLang's ModelConfig, e.g. `context_len`), sets the model dtype as torch's default dtype while it
+builds the model, and publishes its ServerArgs and parallel groups in `sglang.srt.runtime_context`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from atom_core.config import KV_CACHE_DTYPES, AtomConfig
+from atom_core.platform import Platform, default_device
+
+HOST = "sglang"
+# SGLang addresses its KV pool per token (req_to_token → slot), whatever its page size: one slot is
+# one "block" of our paged-attention kernels.
+SGLANG_BLOCK_SIZE = 1
+
+
+def _runtime():
+    """(ServerArgs, ParallelContext) that SGLang published in this process; clear error if none."""
+    from sglang.srt.runtime_context import get_parallel, get_server_args
+
+    try:
+        return get_server_args(), get_parallel()
+    except ValueError as e:
+        raise RuntimeError(
+            "atom-core's SGLang frontend must run inside an SGLang engine process, which publishes its "
+            "ServerArgs (sglang.srt.runtime_context.publish); none is published here. Start the model "
+            "through sglang.Engine / sglang.launch_server with "
+            "SGLANG_EXTERNAL_MODEL_PACKAGE=atom_frontends.sglang.models"
+        ) from e
+
+
+@dataclass(frozen=True)
+class SGLangModelConfig:
+    """The host_config our `atom_translate_config` accepts: what SGLang gives a model class."""
+
+    hf_config: Any  # SGLang's ModelConfig.hf_config (a transformers PretrainedConfig)
+    server_args: Any  # sglang.srt.server_args.ServerArgs, as SGLang published it
+    dtype: torch.dtype  # ModelConfig.dtype (the default dtype SGLang set while building the model)
+    quant_config: Any = None
+    prefix: str = ""
+
+    @classmethod
+    def from_model_init(cls, hf_config: Any, quant_config: Any = None, prefix: str = "") -> SGLangModelConfig:
+        """Inside a model class's __init__, as SGLang's loader calls it."""
+        server_args, _ = _runtime()
+        return cls(hf_config, server_args, torch.get_default_dtype(), quant_config, prefix)
+
+
+def _max_model_len(c: SGLangModelConfig) -> int:
+    # ModelConfig copies its resolved context length onto hf_config.context_len.
+    for value in (getattr(c.hf_config, "context_len", None), getattr(c.server_args, "context_length", None),
+                  getattr(c.hf_config, "max_position_embeddings", None)):
+        if value:
+            return int(value)
+    return 2048
+
+
+def translate_config(c: SGLangModelConfig) -> AtomConfig:
+    if c.quant_config is not None:
+        raise ValueError(
+            f"quantized checkpoints ({type(c.quant_config).__name__}) are not supported by atom-core's "
+            "SGLang frontend yet; serve an unquantized checkpoint, or unset SGLANG_EXTERNAL_MODEL_PACKAGE so "
+            "SGLang uses its own model"
+        )
+    sa = c.server_args
+    kv_dtype = getattr(sa, "kv_cache_dtype", None) or "auto"
+    if kv_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"--kv-cache-dtype {kv_dtype} is not supported by atom-core's SGLang frontend; "
+                         f"use one of: {', '.join(KV_CACHE_DTYPES)}")
+    fields: dict[str, Any] = dict(
+        hf_config=c.hf_config, model_path=getattr(sa, "model_path", None), dtype=c.dtype,
+        max_model_len=_max_model_len(c), block_size=SGLANG_BLOCK_SIZE, kv_cache_dtype=kv_dtype,
+        tensor_parallel_size=getattr(sa, "tp_size", None) or 1,
+        pipeline_parallel_size=getattr(sa, "pp_size", None) or 1,
+        enforce_eager=bool(getattr(sa, "disable_cuda_graph", False)),
+        extra={"sglang_prefix": c.prefix},
+    )
+    if getattr(sa, "max_running_requests", None):
+        fields["max_num_seqs"] = sa.max_running_requests
+    if (getattr(sa, "chunked_prefill_size", None) or 0) > 0:
+        fields["max_num_batched_tokens"] = sa.chunked_prefill_size
+    return AtomConfig(**fields)
+
+
+def _device(name: str | None) -> torch.device:
+    if not name:
+        return default_device()
+    if name == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device(name)
+
+
+def sglang_platform() -> Platform:
+    """Device from ServerArgs; tensor parallelism through SGLang's own TP group."""
+    server_args, parallel = _runtime()
+    tp_rank, tp_size = parallel.tp_rank, parallel.tp_size
+    kwargs: dict[str, Any] = {}
+    if tp_size > 1:
+        from sglang.srt.distributed import tensor_model_parallel_all_gather, tensor_model_parallel_all_reduce
+
+        kwargs = dict(all_reduce=tensor_model_parallel_all_reduce,
+                      all_gather=tensor_model_parallel_all_gather)
+    # SGLang decides about torch.compile and CUDA graphs; the core must not apply its own.
+    return Platform(host=HOST, device=_device(getattr(server_args, "device", None)), tp_rank=tp_rank,
+                    tp_size=tp_size, owns_compile=True, owns_cuda_graphs=True, **kwargs)

@@ -1,0 +1,59 @@
+"""SGLang host hooks. Imports nothing from SGLang at module level: the plugin manager loads this
+module in every process, with or without SGLang installed.
+
+The host is marked active process-wide by the `sglang.srt.plugins` entry point (plugin.py), and
+per scope by the model wrapper while it builds or runs a model (`SGLANG.scope()`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from atom_core.hookspecs import hookimpl
+from atom_core.plugins import HostMarker
+
+HOST = "sglang"
+SGLANG = HostMarker(HOST)
+
+
+@hookimpl
+def atom_detect_host() -> str | None:
+    return SGLANG.detect()
+
+
+@hookimpl
+def atom_platform(host: str):
+    if host != HOST:
+        return None
+    from atom_frontends.sglang.config import sglang_platform
+
+    return sglang_platform()
+
+
+@hookimpl
+def atom_translate_config(host: str, host_config: Any):
+    if host != HOST:
+        return None
+    from atom_frontends.sglang.config import SGLangModelConfig, translate_config
+
+    if not isinstance(host_config, SGLangModelConfig):
+        return None
+    return translate_config(host_config)
+
+
+@hookimpl
+def atom_metadata_builder(host: str, spec: Any):
+    if host != HOST:
+        return None
+    from atom_frontends.sglang.metadata import build_metadata
+
+    return build_metadata
+
+
+@hookimpl
+def atom_attention_impl(host: str, spec: Any):
+    if host != HOST:
+        return None
+    from atom_frontends.sglang.attention import SGLangAttention
+
+    return SGLangAttention
