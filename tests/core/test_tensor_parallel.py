@@ -66,7 +66,7 @@ def _worker(rank, world, path, port, queue):
     with torch.inference_mode(), set_forward_context(md):
         logits = model.compute_logits(model(ids, md.positions))
     if rank == 0:
-        queue.put(logits)
+        queue.put(logits.tolist())  # plain data: a shared-memory tensor dies with this process
     dist.destroy_process_group()
 
 
@@ -88,7 +88,7 @@ def test_tp2_logits_match_transformers(checkpoint_factory, arch, overrides):
     procs = [ctx.Process(target=_worker, args=(r, 2, str(path), port, queue)) for r in range(2)]
     for p in procs:
         p.start()
-    got = queue.get(timeout=120)
+    got = torch.tensor(queue.get(timeout=300))
     for p in procs:
         p.join(timeout=60)
         assert p.exitcode == 0
