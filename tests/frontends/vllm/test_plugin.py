@@ -1,0 +1,141 @@
+"""The vLLM entry points as vLLM's own loader sees them, the atom platform, the switches that turn the
+plugin off, the hooks, and config translation from a real VllmConfig."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+from vllm.plugins import DEFAULT_PLUGINS_GROUP, PLATFORM_PLUGINS_GROUP, load_plugins_by_group  # noqa: E402
+from vllm.utils.import_utils import resolve_obj_by_qualname  # noqa: E402
+
+from atom_frontends.vllm import plugin  # noqa: E402
+from atom_frontends.vllm.hooks import VLLM  # noqa: E402
+from tests.frontends.vllm.conftest import REPO  # noqa: E402
+
+
+def test_vllm_loader_finds_both_entry_points():
+    assert load_plugins_by_group(DEFAULT_PLUGINS_GROUP)["atom_core"] is plugin.register
+    assert load_plugins_by_group(PLATFORM_PLUGINS_GROUP)["atom_core"] is plugin.platform_plugin
+
+
+def test_vllm_plugins_filter_still_selects(monkeypatch):
+    monkeypatch.setenv("VLLM_PLUGINS", "some_other_plugin")
+    assert "atom_core" not in load_plugins_by_group(DEFAULT_PLUGINS_GROUP)
+    assert "atom_core" not in load_plugins_by_group(PLATFORM_PLUGINS_GROUP)
+    monkeypatch.setenv("VLLM_PLUGINS", "atom_core")
+    assert "atom_core" in load_plugins_by_group(PLATFORM_PLUGINS_GROUP)
+
+
+def test_platform_plugin_subclasses_the_platform_vllm_picks():
+    from vllm.platforms import builtin_platform_plugins
+
+    vllms_choice = resolve_obj_by_qualname(builtin_platform_plugins["cpu"]())  # this machine: CPU
+    first, second = plugin.platform_plugin(), plugin.platform_plugin()  # vLLM calls it twice
+    assert first == second == "atom_frontends.vllm.platforms.AtomCpuPlatform"
+    ours = resolve_obj_by_qualname(first)
+    assert ours is resolve_obj_by_qualname(second)
+    assert issubclass(ours, vllms_choice) and ours is not vllms_choice
+    assert ours._enum == vllms_choice._enum and ours().is_cpu()
+    assert VLLM.is_active()
+
+
+def test_current_platform_is_ours():
+    from vllm.platforms import current_platform
+
+    assert type(current_platform).__qualname__ == "AtomCpuPlatform"
+    assert type(current_platform).__module__ == "atom_frontends.vllm.platforms"
+
+
+def test_general_plugin_registers_every_architecture_idempotently():
+    from vllm import ModelRegistry
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    from atom_core.models import supported_architectures
+
+    plugin.register()
+    plugin.register()  # vLLM runs it in every process, possibly more than once
+    for arch in supported_architectures():
+        model = ModelRegistry.models[arch]
+        assert f"{model.module_name}:{model.class_name}" == plugin.MODEL_TARGET
+        assert plugin.atom_runs(arch)
+    assert AttentionBackendEnum["ATOM"].get_path() == "atom_frontends.vllm.backend.AtomAttentionBackend"
+    assert AttentionBackendEnum["ATOM"].get_class().get_name() == "ATOM"
+    assert VLLM.is_active()
+
+
+def test_disabled_plugin_does_nothing(monkeypatch):
+    from vllm import ModelRegistry
+
+    monkeypatch.setenv("ATOM_DISABLE_VLLM_PLUGIN", "1")
+    before = dict(ModelRegistry.models)
+    assert plugin.platform_plugin() is None
+    plugin.register()
+    assert dict(ModelRegistry.models) == before
+    assert not VLLM.is_active()
+
+
+def test_hooks_answer_only_for_vllm():
+    from atom_core.layers.attention import AttentionSpec
+    from atom_core.plugins import attention_impl, get_plugin_manager, metadata_builder
+    from atom_frontends.vllm import hooks
+    from atom_frontends.vllm.attention import AttentionForVllm
+    from atom_frontends.vllm.metadata import build_metadata
+
+    spec = AttentionSpec(4, 32, 0.2, 2, "model.layers.0.self_attn.attn")
+    for other in ("native", "sglang"):
+        assert hooks.atom_platform(host=other) is None
+        assert hooks.atom_translate_config(host=other, host_config=object()) is None
+        assert hooks.atom_metadata_builder(host=other, spec=spec) is None
+        assert hooks.atom_attention_impl(host=other, spec=spec) is None
+    assert hooks.atom_detect_host() is None  # nothing marked the host in this test
+    with VLLM.scope():
+        assert hooks.atom_detect_host() == "vllm"
+    assert hooks.atom_translate_config(host="vllm", host_config=object()) is None  # not a VllmConfig
+    assert "vllm" in dict(get_plugin_manager().list_name_plugin())  # found via atom.frontends
+    assert attention_impl(spec, host="vllm") is AttentionForVllm
+    assert metadata_builder(spec, host="vllm") is build_metadata
+
+
+def test_platform_hook_outside_vllm_workers_is_a_clear_error():
+    from atom_core.plugins import current_platform
+
+    with pytest.raises(RuntimeError, match="parallel groups are not initialised"):
+        current_platform(host="vllm")
+
+
+def test_config_translation_from_a_real_vllm_config(vllm_checkpoint):
+    from vllm.engine.arg_utils import EngineArgs
+
+    from atom_core.plugins import translate_config
+
+    path = vllm_checkpoint("qwen3")
+    cfg = EngineArgs(model=str(path), dtype="float32", max_model_len=200, block_size=64, max_num_seqs=5,
+                     max_num_batched_tokens=96, enforce_eager=True, kv_cache_dtype="fp8").create_engine_config()
+    atom = translate_config(cfg, host="vllm")
+    assert atom.hf_config is cfg.model_config.hf_config and atom.architecture == "Qwen3ForCausalLM"
+    assert atom.model_path == str(path) and atom.dtype == torch.float32
+    assert (atom.max_model_len, atom.block_size, atom.kv_cache_dtype) == (200, 64, "fp8")
+    assert (atom.max_num_seqs, atom.max_num_batched_tokens, atom.enforce_eager) == (5, 96, True)
+    assert (atom.tensor_parallel_size, atom.pipeline_parallel_size) == (1, 1)
+    cfg.cache_config.cache_dtype = "fp8_e5m2"
+    with pytest.raises(ValueError, match="kv_cache_dtype='fp8_e5m2' is not supported by atom-core"):
+        translate_config(cfg, host="vllm")
+
+
+def test_package_imports_without_vllm():
+    """vllm blocked from import: the package, hooks and entry-point module still load; hooks still work."""
+    code = (
+        "import sys; sys.modules['vllm'] = None\n"
+        "import atom_frontends.vllm, atom_frontends.vllm.hooks as h, atom_frontends.vllm.plugin as p\n"
+        "assert h.atom_platform(host='native') is None and h.atom_detect_host() is None\n"
+        "assert p.is_disabled() is False\n"
+        "print('ok')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
