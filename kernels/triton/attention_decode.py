@@ -10,6 +10,8 @@ so a grid sized from a stale max_seq_len hint (e.g. under a CUDA graph) still co
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -100,8 +102,9 @@ def _merge_kernel(
     tl.store(out, res.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
 
 
+@functools.cache
 def num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
+    if device.type != "cuda":  # the interpreter (TRITON_INTERPRET=1) on CPU tensors
         return 8
     return torch.cuda.get_device_properties(device).multi_processor_count
 

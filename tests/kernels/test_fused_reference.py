@@ -53,7 +53,8 @@ def test_fused_reference_is_the_composition(dtype, cache_dtype, heads, kv_heads,
     assert written.sum() == 6 and written[slots[slots >= 0]].all()
 
 
-def _greedy(checkpoint, monkeypatch, fused: bool) -> tuple[list[list[int]], dict[str, int]]:
+def greedy(checkpoint, monkeypatch, fused: bool, **llm_args) -> tuple[list[list[int]], dict[str, int]]:
+    """Greedy tokens of the native engine with the switch on/off, and how often each cache-writing op ran."""
     from atom_frontends.native import LLM, SamplingParams
 
     calls = {"fused_qk_norm_rope_write_kv": 0, "write_kv_cache": 0}
@@ -67,7 +68,7 @@ def _greedy(checkpoint, monkeypatch, fused: bool) -> tuple[list[list[int]], dict
                 return _real(*args, **kwargs)
 
             mp.setattr(atom_kernels, name, spy)
-        llm = LLM(checkpoint, block_size=4, enforce_eager=True)
+        llm = LLM(checkpoint, **{"block_size": 4, "enforce_eager": True, "num_kv_blocks": 256, **llm_args})
         prompts = [[5, 9, 33, 7, 81, 12, 4, 66, 90, 3, 17], [8, 8, 21], [42]]
         outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=12), use_tqdm=False)
     return [o.token_ids for o in outs], calls
@@ -75,8 +76,8 @@ def _greedy(checkpoint, monkeypatch, fused: bool) -> tuple[list[list[int]], dict
 
 def test_qwen3_switch_routes_through_the_fused_op(checkpoint_factory, monkeypatch):
     path = checkpoint_factory("Qwen3ForCausalLM")
-    plain, plain_calls = _greedy(path, monkeypatch, fused=False)
-    fused, fused_calls = _greedy(path, monkeypatch, fused=True)
+    plain, plain_calls = greedy(path, monkeypatch, fused=False)
+    fused, fused_calls = greedy(path, monkeypatch, fused=True)
     assert plain_calls["fused_qk_norm_rope_write_kv"] == 0 and plain_calls["write_kv_cache"] > 0
     # switched on: every cache write goes through the fused op, none through the attention layer
     assert fused_calls["fused_qk_norm_rope_write_kv"] == plain_calls["write_kv_cache"]

@@ -1,0 +1,176 @@
+"""Triton paged attention vs the torch reference (computed on CPU copies of the same inputs).
+
+Every cache slot no sequence owns, and every block-table entry past a sequence's blocks (which
+points at a reserved block), holds NaN: a kernel reading a key it must not see turns the output NaN.
+Outputs are NaN-poisoned before each call.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from atom_kernels import reference as ref  # noqa: E402  (after the triton skip)
+from atom_kernels.triton.attention import paged_attention  # noqa: E402
+from atom_kernels.triton.attention_common import softmax_scale  # noqa: E402
+from atom_kernels.triton.attention_decode import launch_decode  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+F32, BF16, F16, FP8 = torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn
+TOL = {F32: 1e-4, BF16: 1.5e-2, F16: 2e-3}
+NAMES = {F32: "f32", BF16: "bf16", F16: "f16", FP8: "fp8"}
+
+
+def ids(value):
+    """Readable test ids for dtypes (pytest's default for the rest)."""
+    return NAMES.get(value) if isinstance(value, torch.dtype) else None
+# (context length, new tokens): first-chunk prefills, decodes, chunks over a cached prefix.
+MIXED = [(1, 1), (37, 37), (100, 1), (200, 63), (513, 1), (65, 2), (16, 1), (3, 3)]
+
+
+def make_caches(num_blocks, block_size, kv_heads, d, dtype, layout):
+    """NaN-filled K/V caches of logical shape [num_blocks, block_size, kv_heads, d] in a host's layout."""
+    if layout == "vllm":  # [blocks, kv_heads, block_size, 2d], K then V on the last dim
+        raw = nan_tensor((num_blocks, kv_heads, block_size, 2 * d), dtype)
+        return raw[..., :d].transpose(1, 2), raw[..., d:].transpose(1, 2)
+    if layout == "sglang":  # token pool [slots, kv_heads, d], i.e. block size 1
+        assert block_size == 1
+        return tuple(nan_tensor((num_blocks, kv_heads, d), dtype).unsqueeze(1) for _ in range(2))
+    return tuple(nan_tensor((num_blocks, block_size, kv_heads, d), dtype) for _ in range(2))
+
+
+def nan_tensor(shape, dtype):
+    return torch.full(shape, float("nan"), device="cuda").to(dtype)
+
+
+def make_batch(specs, heads, kv_heads, d, block_size, dtype, cache_dtype=None, layout="native", seed=0):
+    """specs: [(context_len, q_len)]. Random K/V for every context token written through the reference."""
+    g = torch.Generator().manual_seed(seed)
+    cache_dtype = cache_dtype or dtype
+    blocks = [-(-ctx // block_size) for ctx, _ in specs]
+    num_blocks = sum(blocks) + 2
+    perm = torch.randperm(num_blocks - 1, generator=g)  # block num_blocks - 1 stays NaN: the table padding
+    table = torch.full((len(specs), max(blocks) + 2), num_blocks - 1, dtype=torch.int32)
+    start = 0
+    for i, n in enumerate(blocks):
+        table[i, :n] = perm[start : start + n]
+        start += n
+    kc, vc = make_caches(num_blocks, block_size, kv_heads, d, cache_dtype, layout)
+    scales = (None, None)
+    if cache_dtype == FP8:
+        scales = (torch.tensor(0.35, device="cuda"), torch.tensor(1.8, device="cuda"))
+    for i, (ctx, _) in enumerate(specs):
+        pos = torch.arange(ctx)
+        slots = (table[i, pos // block_size].long() * block_size + pos % block_size).cuda()
+        k = torch.randn(ctx, kv_heads, d, generator=g).to(dtype).cuda()
+        v = torch.randn(ctx, kv_heads, d, generator=g).to(dtype).cuda()
+        ref.write_kv_cache(k, v, kc, vc, slots, *scales)
+    q_lens = [q for _, q in specs]
+    query = torch.randn(sum(q_lens), heads, d, generator=g).to(dtype).cuda()
+    qsl = torch.tensor([0] + q_lens, dtype=torch.int32).cumsum(0, dtype=torch.int32).cuda()
+    seq_lens = torch.tensor([ctx for ctx, _ in specs], dtype=torch.int32).cuda()
+    hints = dict(max_query_len=max(q_lens), max_seq_len=max(c for c, _ in specs),
+                 num_decodes=q_lens.count(1), num_prefills=len(q_lens) - q_lens.count(1))
+    return dict(query=query, k_cache=kc, v_cache=vc, block_tables=table.cuda(), seq_lens=seq_lens,
+                query_start_loc=qsl, k_scale=scales[0], v_scale=scales[1]), hints
+
+
+ARGS = ("query", "k_cache", "v_cache", "block_tables", "seq_lens", "query_start_loc")
+
+
+def positional(b, device=None):
+    """The contract's positional arguments (query ... query_start_loc, scale), optionally moved."""
+    return [b[k].to(device) if device else b[k] for k in ARGS] + [b["query"].shape[-1] ** -0.5]
+
+
+def expected(b, window=None):
+    scales = {k: b[k].cpu() if b[k] is not None else None for k in ("k_scale", "v_scale")}
+    return ref.paged_attention(*positional(b, "cpu"), sliding_window=window, **scales)
+
+
+def run(b, hints, window=None):
+    out = torch.full_like(b["query"], float("nan"))
+    got = paged_attention(*positional(b), sliding_window=window, k_scale=b["k_scale"], v_scale=b["v_scale"],
+                          out=out, **hints)
+    assert got is out
+    return out
+
+
+def check(got, want, dtype):
+    assert not got.isnan().any()
+    torch.testing.assert_close(got.cpu().float(), want.float(), rtol=TOL[dtype], atol=TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype, heads, kv_heads, d, block_size", [
+    (F32, 8, 8, 64, 16), (F32, 16, 2, 128, 1), (BF16, 16, 8, 128, 16), (BF16, 16, 2, 64, 32),
+    (BF16, 8, 1, 128, 1), (BF16, 12, 12, 80, 5), (F16, 16, 2, 64, 16), (F16, 32, 4, 128, 7),
+], ids=ids)
+def test_mixed_prefill_decode_batch(dtype, heads, kv_heads, d, block_size):
+    b, hints = make_batch(MIXED, heads, kv_heads, d, block_size, dtype, seed=heads + d + block_size)
+    check(run(b, hints), expected(b), dtype)
+
+
+@pytest.mark.parametrize("dtype, block_size, window", [
+    (BF16, 16, 7), (BF16, 1, 64), (F32, 16, 33), (F16, 3, 1)], ids=ids)
+def test_sliding_window(dtype, block_size, window):
+    b, hints = make_batch(MIXED, 16, 8, 128, block_size, dtype, seed=window)
+    check(run(b, hints, window), expected(b, window), dtype)
+
+
+@pytest.mark.parametrize("dtype, block_size, layout", [(BF16, 16, "native"), (BF16, 1, "native"),
+                                                      (F16, 16, "vllm"), (F32, 8, "native")], ids=ids)
+def test_fp8_kv_cache_with_scales(dtype, block_size, layout):
+    b, hints = make_batch(MIXED, 16, 2, 128, block_size, dtype, FP8, layout, seed=block_size)
+    check(run(b, hints), expected(b), dtype)
+
+
+@pytest.mark.parametrize("dtype, layout, block_size", [
+    (BF16, "vllm", 16), (F32, "vllm", 5), (BF16, "sglang", 1), (F32, "sglang", 1)], ids=ids)
+def test_host_cache_views(dtype, layout, block_size):
+    b, hints = make_batch(MIXED, 8, 2, 64, block_size, dtype, layout=layout, seed=7)
+    assert b["k_cache"].is_contiguous() == (layout == "sglang")  # vLLM's K/V halves are strided views
+    check(run(b, hints), expected(b), dtype)
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=ids)
+@pytest.mark.parametrize("num_splits, block_n", [(1, 64), (3, 32), (40, 16)])
+def test_decode_split_counts(dtype, num_splits, block_n):
+    """Any split count gives the same answer, also with splits left empty (40 x 16 keys > 300 keys)."""
+    specs = [(300, 1), (1, 1), (129, 1), (64, 1)]
+    b, _ = make_batch(specs, 16, 4, 128, 16, dtype, seed=num_splits)
+    out = torch.full_like(b["query"], float("nan"))
+    qk_scale = softmax_scale(128**-0.5)
+    launch_decode(*positional(b)[:-1], qk_scale, 0, None, None, out, num_splits, block_n, 4, 2)
+    check(out, expected(b), dtype)
+
+
+@pytest.mark.parametrize("hints", [
+    {},  # no hints: both kernels launched, splits sized from the block table
+    dict(max_query_len=512, max_seq_len=4096, num_decodes=8, num_prefills=8),  # loose upper bounds (graphs)
+    dict(max_query_len=63, max_seq_len=513, num_decodes=0, num_prefills=8),  # 1-token rows left to prefill
+])
+def test_hints_only_tune(hints):
+    b, _ = make_batch(MIXED, 16, 8, 128, 16, BF16, seed=len(hints))
+    check(run(b, hints), expected(b), BF16)
+
+
+def test_decode_only_batch_and_default_out():
+    b, hints = make_batch([(1000, 1), (17, 1), (1, 1)], 16, 8, 128, 16, BF16, seed=3)
+    got = paged_attention(*positional(b), **hints)
+    assert got.dtype == BF16 and got.shape == b["query"].shape
+    check(got, expected(b), BF16)
+
+
+def test_launcher_rejects_bad_arguments():
+    b, hints = make_batch([(5, 5)], 8, 2, 64, 16, BF16)
+    args = positional(b)
+    with pytest.raises(ValueError, match="head_dim"):
+        paged_attention(b["query"][..., :32], *args[1:])
+    with pytest.raises(ValueError, match="multiple of kv heads"):
+        paged_attention(b["query"][:, :3], *args[1:])
+    with pytest.raises(ValueError, match="query_start_loc"):
+        paged_attention(*args[:5], b["query_start_loc"][:1], args[6])
+    with pytest.raises(ValueError, match="k_scale and v_scale"):
+        paged_attention(*args, k_scale=torch.ones((), device="cuda"))
