@@ -24,6 +24,6 @@ def test_every_op_has_and_uses_its_triton_kernel(monkeypatch):
 
 
 def test_triton_is_imported_lazily():
-    """Our Triton modules (which import triton) load on an op's first use only, so CPU hosts need no triton."""
+    """Our Triton modules (they import triton) load on first use only: CPU hosts need no triton."""
     code = "import sys, atom_kernels, atom_core.models; assert 'atom_kernels.triton' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
