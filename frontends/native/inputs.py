@@ -13,6 +13,7 @@ are the same tensors.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 import torch
@@ -40,6 +41,17 @@ def _tokens(r: Request, start: int, n: int) -> list[int]:
     return p[start:] + r.output_token_ids[: start + n - len(p)]
 
 
+def _fill_tables(tables: np.ndarray, block_ids: list[list[int]]) -> None:
+    """tables [S, W] ← each sequence's block ids, zero-padded (one scatter instead of a row loop)."""
+    tables[:] = 0
+    lens = np.array([len(b) for b in block_ids], dtype=np.int64)
+    if not len(lens):
+        return
+    starts = np.cumsum(lens) - lens
+    rows = np.repeat(np.arange(len(lens)), lens)
+    tables[rows, np.arange(len(rows)) - starts[rows]] = list(chain.from_iterable(block_ids))
+
+
 class InputBuilder:
     def __init__(self, config: AtomConfig, device: torch.device) -> None:
         self.block_size, self.max_model_len = config.block_size, config.max_model_len
@@ -53,45 +65,74 @@ class InputBuilder:
         self.np64, self.np32 = self.host[torch.int64].numpy(), self.host[torch.int32].numpy()
         # The pinned buffers are rewritten each step: wait until the last step's copies have read them.
         self.copied = torch.cuda.Event() if pin else None
+        self._graph_cache: dict[tuple[int, int], StepInputs] = {}
 
     def build(self, batch: list[Scheduled], graph_size: int | None = None) -> StepInputs:
         """Inputs of one step; with graph_size, padded to that many one-token sequences."""
         if self.copied is not None:
             self.copied.synchronize()
         n = len(batch)
-        q_lens = np.fromiter((s.num_new_tokens for s in batch), np.int64, n)
-        starts = np.fromiter((s.request.num_computed_tokens for s in batch), np.int64, n)
-        n_tok = int(q_lens.sum())
+        q_lens = [s.num_new_tokens for s in batch]
+        n_tok = sum(q_lens)
         s_, t_ = (graph_size, graph_size) if graph_size else (n, n_tok)
         w = self.width if graph_size else max(len(s.request.block_ids) for s in batch)
-        ids, pos, slots = (self.np64[i * t_ : (i + 1) * t_] for i in range(3))
-        seq_lens, qsl = self.np32[:s_], self.np32[s_ : 2 * s_ + 1]
         tables = self.np32[2 * s_ + 1 : 2 * s_ + 1 + s_ * w].reshape(s_, w)
-
-        qsl[0] = 0
-        np.cumsum(q_lens, out=qsl[1 : n + 1])
-        seq_lens[:n] = starts + q_lens
-        tables[:] = 0
-        for i, s in enumerate(batch):
-            tables[i, : len(s.request.block_ids)] = s.request.block_ids
-        ids[:n_tok] = [t for s in batch for t in _tokens(s.request, s.request.num_computed_tokens, s.num_new_tokens)]
-        seq_of = np.repeat(np.arange(n), q_lens)  # [n_tok] → owning sequence
-        pos[:n_tok] = np.arange(n_tok) - qsl[seq_of] + starts[seq_of]
-        slots[:n_tok] = tables[seq_of, pos[:n_tok] // self.block_size] * self.block_size + pos[:n_tok] % self.block_size
+        _fill_tables(tables, [s.request.block_ids for s in batch])
+        if n_tok == n:
+            self._fill_decodes(batch, s_, t_)
+        else:
+            self._fill_chunks(batch, q_lens, s_, t_, tables)
         # Padding rows (graph steps): one token each at position 0 writing nowhere (slot -1), attending
         # to one key of block 0, so kernels touch only valid memory and the rows are ignored.
-        ids[n_tok:], pos[n_tok:], slots[n_tok:] = 0, 0, -1
-        seq_lens[n:] = 1
-        qsl[n + 1 :] = n_tok + np.arange(1, s_ - n + 1)
+        for i, pad in enumerate((0, 0, -1)):
+            self.np64[i * t_ + n_tok : (i + 1) * t_] = pad
+        self.np32[n:s_] = 1
+        self.np32[s_ + n + 1 : 2 * s_ + 1] = np.arange(n_tok + 1, n_tok + s_ - n + 1)
 
-        rows = np.fromiter((i for i, s in enumerate(batch) if s.completes), np.int64)
-        n_logits = len(rows)
-        self.np64[3 * t_ : 3 * t_ + n_logits] = qsl[rows + 1] - 1
-        self._copy(3 * t_ + n_logits, 2 * s_ + 1 + s_ * w)
-        decodes = int((q_lens == 1).sum())
-        hints = (1, self.max_model_len, s_, 0) if graph_size else (
-            int(q_lens.max()), int(seq_lens[:n].max()), decodes, n - decodes)
-        return self.views(s_, t_, w, n_logits, hints, n_tok - decodes)
+        rows = [i for i, s in enumerate(batch) if s.completes]
+        qsl = self.np32[s_ : 2 * s_ + 1]
+        self.np64[3 * t_ : 3 * t_ + len(rows)] = qsl[np.array(rows, dtype=np.int64) + 1] - 1
+        self._copy(3 * t_ + len(rows), 2 * s_ + 1 + s_ * w)
+        if graph_size:
+            return self._graph_views(graph_size, len(rows))
+        decodes = q_lens.count(1)
+        hints = (max(q_lens), int(self.np32[:n].max()), decodes, n - decodes)
+        return self.views(s_, t_, w, len(rows), hints, n_tok - decodes)
+
+    def _fill_decodes(self, batch: list[Scheduled], s_: int, t_: int) -> None:
+        """One new token per sequence (the hot path): plain Python per row, few numpy calls."""
+        n, bs = len(batch), self.block_size
+        pos = [s.request.num_computed_tokens for s in batch]
+        self.np64[:n] = [_tokens(s.request, p, 1)[0] for s, p in zip(batch, pos)]
+        self.np64[t_ : t_ + n] = pos
+        self.np64[2 * t_ : 2 * t_ + n] = [s.request.block_ids[p // bs] * bs + p % bs for s, p in zip(batch, pos)]
+        self.np32[:n] = pos
+        self.np32[:n] += 1
+        self.np32[s_ : s_ + n + 1] = np.arange(n + 1)
+
+    def _fill_chunks(self, batch: list[Scheduled], q_lens: list[int], s_: int, t_: int,
+                     tables: np.ndarray) -> None:
+        """Any mix of prefill chunks and decodes."""
+        n, n_tok, bs = len(batch), sum(q_lens), self.block_size
+        starts = np.array([s.request.num_computed_tokens for s in batch], dtype=np.int64)
+        q = np.array(q_lens, dtype=np.int64)
+        qsl = self.np32[s_ : s_ + n + 1]
+        qsl[0] = 0
+        qsl[1:] = np.cumsum(q)
+        self.np32[:n] = starts + q
+        self.np64[:n_tok] = [t for s in batch for t in _tokens(s.request, s.request.num_computed_tokens,
+                                                                 s.num_new_tokens)]
+        seq_of = np.repeat(np.arange(n), q)  # [n_tok] → owning sequence
+        pos = self.np64[t_ : t_ + n_tok]
+        pos[:] = np.arange(n_tok) - qsl[seq_of] + starts[seq_of]
+        self.np64[2 * t_ : 2 * t_ + n_tok] = tables[seq_of, pos // bs] * bs + pos % bs
+
+    def _graph_views(self, size: int, n_logits: int) -> StepInputs:
+        """A graph step's views: the same tensors on every replay, so built once per (size, rows)."""
+        key = (size, n_logits)
+        if key not in self._graph_cache:
+            self._graph_cache[key] = self.views(size, size, self.width, n_logits, (1, self.max_model_len, size, 0))
+        return self._graph_cache[key]
 
     def _copy(self, n64: int, n32: int) -> None:
         if self.copied is None:
