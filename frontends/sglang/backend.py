@@ -22,8 +22,9 @@ from atom_frontends.sglang.hooks import HOST
 
 NAME = "atom"
 CUDA_GRAPH_ERROR = (
-    "atom-core's SGLang attention backend cannot be captured in CUDA graphs yet: start SGLang with "
-    "--disable-cuda-graph (sglang.Engine(..., disable_cuda_graph=True)), or use another --attention-backend"
+    "atom-core's SGLang attention backend cannot be captured in CUDA/CPU graphs yet: start SGLang with "
+    "--disable-cuda-graph (sglang.Engine(..., disable_cuda_graph=True)) and without --enable-torch-compile "
+    "on CPU, or use another --attention-backend"
 )
 _FLOAT_KV = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -94,6 +95,16 @@ class AtomAttnBackend(AttentionBackend):
         raise RuntimeError(CUDA_GRAPH_ERROR)
 
     def get_cuda_graph_seq_len_fill_value(self):
+        raise RuntimeError(CUDA_GRAPH_ERROR)
+
+    # SGLang's CPUGraphRunner (device="cpu" with graphs on) calls these.
+    def init_cpu_graph_state(self, *args, **kwargs):
+        raise RuntimeError(CUDA_GRAPH_ERROR)
+
+    def get_cpu_graph_seq_len_fill_value(self):
+        raise RuntimeError(CUDA_GRAPH_ERROR)
+
+    def init_forward_metadata_capture_cpu_graph(self, *args, **kwargs):
         raise RuntimeError(CUDA_GRAPH_ERROR)
 
     def support_triton(self) -> bool:

@@ -1,0 +1,48 @@
+"""Fixtures for the SGLang frontend tests: tiny checkpoints, and the outside oracles' tokens.
+
+The checkpoints use a wider init (0.2) than transformers' default: with 0.02 a tiny tied Qwen3
+mostly repeats its last token, which any attention (or none) would reproduce.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+pytest.importorskip("sglang", reason="the SGLang frontend tests need sglang (nox -s sglang installs it)")
+
+# Read when sglang.srt.models.registry is first imported (here and in SGLang's subprocesses).
+os.environ["SGLANG_EXTERNAL_MODEL_PACKAGE"] = "atom_frontends.sglang.models"
+
+from tests.frontends.native.hf_oracle import random_prompts  # noqa: E402
+
+CHECKPOINTS = {
+    "qwen3": ("Qwen3ForCausalLM", dict(initializer_range=0.2)),
+    "llama": ("LlamaForCausalLM", dict(initializer_range=0.2)),
+}
+PROMPT_LENGTHS = [3, 17, 40, 64, 9]
+
+
+@pytest.fixture(autouse=True)
+def _leave_host_unmarked():
+    """sglang.Engine runs our plugin entry point in this process too, marking the host "sglang"
+    process-wide; don't let that leak into other tests."""
+    yield
+    from atom_frontends.sglang.hooks import SGLANG
+
+    SGLANG.deactivate_process()
+
+
+@pytest.fixture(scope="session")
+def prompts() -> list[list[int]]:
+    return random_prompts(PROMPT_LENGTHS, seed=7)
+
+
+@pytest.fixture(scope="session")
+def sglang_checkpoint(checkpoint_factory):
+    def make(name: str):
+        arch, overrides = CHECKPOINTS[name]
+        return checkpoint_factory(arch, **overrides)
+
+    return make

@@ -1,0 +1,56 @@
+"""Helpers of the SGLang frontend tests: real `sglang.Engine`s on CPU and atom-core's native engine."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+NEW_TOKENS = 12
+# Small engines: float32 for exact parity, a few thousand KV slots, eager (no graphs).
+ENGINE_ARGS = dict(device="cpu", dtype="float32", mem_fraction_static=0.05, max_total_tokens=4096,
+                   max_running_requests=8, disable_cuda_graph=True, skip_tokenizer_init=True,
+                   log_level="warning")
+
+
+def native_greedy(path, prompts: list[list[int]], max_tokens: int = NEW_TOKENS) -> list[list[int]]:
+    """atom-core's own engine. sglang.Engine marks this process as SGLang's: step out of that."""
+    from atom_frontends.native import LLM, SamplingParams
+    from atom_frontends.sglang.hooks import SGLANG
+
+    with SGLANG.scope(False):
+        llm = LLM(str(path), block_size=8)
+        outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens), use_tqdm=False)
+    return [o.token_ids for o in outs]
+
+
+@contextlib.contextmanager
+def sglang_engine(path, **overrides):
+    """A real sglang.Engine on CPU (atom-core's models through SGLANG_EXTERNAL_MODEL_PACKAGE)."""
+    import sglang
+
+    engine = sglang.Engine(model_path=str(path), **{**ENGINE_ARGS, **overrides})
+    try:
+        yield engine
+    finally:
+        engine.shutdown()
+
+
+def generate(engine, prompts: list[list[int]], max_tokens: int = NEW_TOKENS) -> list[dict]:
+    """Greedy generation; each result has output_ids and meta_info (cached_tokens, ...)."""
+    params = {"temperature": 0.0, "max_new_tokens": max_tokens}
+    return engine.generate(input_ids=prompts, sampling_params=params)
+
+
+def build_gpt2_checkpoint(path: Path) -> Path:
+    """A tiny GPT-2: an architecture atom-core lacks, whose SGLang model runs on CPU (no RoPE kernels)."""
+    import torch
+    import transformers
+
+    from atom_frontends.native.demo import byte_level_tokenizer
+
+    config = transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=512, vocab_size=320,
+                                     initializer_range=0.2, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    torch.manual_seed(0)
+    transformers.GPT2LMHeadModel(config).to(torch.float32).save_pretrained(path, safe_serialization=True)
+    byte_level_tokenizer().save_pretrained(path)
+    return path

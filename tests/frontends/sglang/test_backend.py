@@ -1,0 +1,134 @@
+"""atom-core's SGLang attention backend against SGLang's own torch_native backend (the oracle).
+
+Both run on real SGLang pools and ForwardBatches in identical states: same outputs, same KV writes,
+for EXTEND over cached prefixes, DECODE, MIXED, IDLE, with sliding windows and GQA, for SGLang's own
+RadixAttention layers and for atom-core's layer class alike.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.frontends.sglang.batches import Requests, idle_batch, make_runner
+
+HEADS, KV_HEADS, HEAD_DIM, LAYERS = 4, 2, 16, 2
+LENGTHS = [7, 30, 1, 12]  # whole sequences of the four requests
+# (start, end) of each request's tokens in the batch: start > 0 is a cached prefix
+SPANS = {
+    "extend": [(0, 7), (18, 30), (0, 1), (4, 12)],
+    "decode": [(6, 7), (29, 30), (0, 1), (11, 12)],
+    "mixed": [(6, 7), (0, 30), (0, 1), (5, 12)],
+}
+
+
+def _layer(kind: str, window: int | None):
+    if kind == "sglang":
+        from sglang.srt.layers.radix_attention import RadixAttention
+
+        return RadixAttention(HEADS, HEAD_DIM, HEAD_DIM**-0.5, KV_HEADS, layer_id=1,
+                              sliding_window_size=window - 1 if window else -1)
+    from atom_core.layers.attention import AttentionSpec
+    from atom_frontends.sglang.attention import SGLangAttention
+
+    spec = AttentionSpec(HEADS, HEAD_DIM, HEAD_DIM**-0.5, KV_HEADS, "model.layers.1.self_attn.attn",
+                         sliding_window=window)
+    return SGLangAttention(spec)
+
+
+def _two_runners():
+    """Our runner and the oracle's: identical pools holding random K/V for every slot already."""
+    ours, theirs = make_runner(LAYERS, KV_HEADS, HEAD_DIM), make_runner(LAYERS, KV_HEADS, HEAD_DIM)
+    torch.manual_seed(0)
+    for buf in _buffers(ours):
+        buf.normal_()
+    reqs = Requests(ours)
+    for n in LENGTHS:
+        reqs.add(torch.randint(3, 300, (n,)).tolist())
+    for a, b in zip(_buffers(ours), _buffers(theirs)):
+        b.copy_(a)
+    theirs.req_to_token_pool.req_to_token.copy_(ours.req_to_token_pool.req_to_token)
+    return ours, theirs, reqs
+
+
+def _buffers(runner) -> list[torch.Tensor]:
+    pool = runner.token_to_kv_pool
+    return [*pool.k_buffer, *pool.v_buffer]
+
+
+def _run(backend, layer, fb, q, k, v, save_kv_cache=True):
+    backend.init_forward_metadata(fb)
+    return backend.forward(q.clone(), k.clone(), v.clone(), layer, fb, save_kv_cache=save_kv_cache)
+
+
+@pytest.mark.parametrize("layer_kind", ["sglang", "atom"])
+@pytest.mark.parametrize("window", [None, 5])
+@pytest.mark.parametrize("mode", list(SPANS))
+@pytest.mark.parametrize("save_kv_cache", [True, False])
+def test_matches_torch_native(mode, window, layer_kind, save_kv_cache):
+    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+
+    from atom_frontends.sglang.backend import create_backend
+
+    ours, theirs, reqs = _two_runners()
+    fb = reqs.batch(dict(zip(reqs.tokens, SPANS[mode])), mode=mode.upper())
+    t = fb.input_ids.shape[0]
+    q = torch.randn(t, HEADS * HEAD_DIM)
+    k, v = torch.randn(t, KV_HEADS, HEAD_DIM), torch.randn(t, KV_HEADS, HEAD_DIM)
+    layer = _layer(layer_kind, window)
+    got = _run(create_backend(ours), layer, fb, q, k, v, save_kv_cache)
+    want = _run(TorchNativeAttnBackend(theirs), layer, fb, q, k, v, save_kv_cache)
+    assert got.shape == want.shape == (t, HEADS * HEAD_DIM)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    for a, b in zip(_buffers(ours), _buffers(theirs)):
+        assert torch.equal(a, b)  # written in place exactly where SGLang writes (or nowhere)
+    written = ours.token_to_kv_pool.get_key_buffer(1)[fb.out_cache_loc]
+    assert torch.equal(written, k) == save_kv_cache
+
+
+def test_metadata_describes_the_batch():
+    from atom_frontends.sglang.metadata import build_metadata
+
+    _, _, reqs = _two_runners()
+    fb = reqs.batch(dict(zip(reqs.tokens, SPANS["mixed"])), mode="MIXED")
+    md = build_metadata(fb, reqs.runner.req_to_token_pool.req_to_token)
+    assert md.query_start_loc.tolist() == [0, 1, 31, 32, 39]
+    assert md.seq_lens.tolist() == [7, 30, 1, 12] and md.max_seq_len == 30 and md.max_query_len == 30
+    assert (md.num_decodes, md.num_prefills, md.num_prefill_tokens) == (2, 2, 37)
+    assert md.block_tables.shape == (4, 30) and md.block_size == 1
+    assert torch.equal(md.slot_mapping, fb.out_cache_loc) and torch.equal(md.positions, fb.positions)
+
+
+def test_idle_batch_has_no_metadata_and_empty_output():
+    from atom_frontends.sglang.backend import create_backend
+
+    runner = make_runner(LAYERS, KV_HEADS, HEAD_DIM)
+    backend, fb = create_backend(runner), idle_batch()
+    backend.init_forward_metadata(fb)
+    assert backend.forward_metadata is None
+    empty = torch.zeros(0, HEADS * HEAD_DIM)
+    out = backend.forward(empty, empty.view(0, KV_HEADS, HEAD_DIM), empty.view(0, KV_HEADS, HEAD_DIM),
+                          _layer("sglang", None), fb)
+    assert out.shape == (0, HEADS * HEAD_DIM)
+
+
+def test_graph_capture_is_refused_with_advice():
+    from atom_frontends.sglang.backend import create_backend
+
+    runner = make_runner(LAYERS, KV_HEADS, HEAD_DIM)
+    backend = create_backend(runner)
+    for call in (lambda: backend.init_cuda_graph_state(8, 8), backend.get_cuda_graph_seq_len_fill_value,
+                 lambda: backend.init_forward_metadata_out_graph(None, in_capture=True),
+                 lambda: backend.init_cpu_graph_state(8, 8)):
+        with pytest.raises(RuntimeError, match="--disable-cuda-graph"):
+            call()
+
+
+def test_unsupported_layer_features_are_named():
+    from sglang.srt.layers.radix_attention import RadixAttention
+
+    from atom_frontends.sglang.backend import spec_of
+
+    capped = RadixAttention(HEADS, HEAD_DIM, 0.25, KV_HEADS, layer_id=0, logit_cap=30.0)
+    with pytest.raises(NotImplementedError, match="logit capping"):
+        spec_of(capped)

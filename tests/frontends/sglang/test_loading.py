@@ -1,0 +1,118 @@
+"""How SGLang loads us: the plugin entry point, the external model package, config translation,
+and importing the frontend without SGLang installed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.frontends.sglang.batches import sglang_runtime
+
+REPO = Path(__file__).resolve().parents[3]
+MODELS = "atom_frontends.sglang.models"
+
+
+def test_frontend_imports_without_sglang():
+    code = (
+        "import sys\n"
+        "sys.modules['sglang'] = None  # any import of sglang now fails\n"
+        "import atom_frontends.sglang, atom_frontends.sglang.hooks, atom_frontends.sglang.plugin\n"
+        "import atom_frontends.sglang.models.qwen3, atom_frontends.sglang.models.llama\n"
+        "from atom_core.plugins import frontend_names\n"
+        "assert 'sglang' in frontend_names(), frontend_names()\n"
+        "print('imported')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "imported" in proc.stdout, proc.stderr[-3000:]
+
+
+def test_import_model_classes_strict_imports_every_module():
+    from sglang.srt.models.registry import ModelRegistry, import_model_classes
+
+    from atom_frontends.sglang.adapters import adapted_architectures
+    from atom_frontends.sglang.wrapper import AtomSGLangModel
+
+    classes = import_model_classes(MODELS, strict=True)
+    assert sorted(classes) == adapted_architectures() == ["LlamaForCausalLM", "Qwen3ForCausalLM"]
+    for arch, cls in classes.items():
+        assert cls.__name__ == arch and issubclass(cls, AtomSGLangModel)
+        assert cls.__module__.startswith(MODELS + ".")
+        # SGLANG_EXTERNAL_MODEL_PACKAGE (conftest) makes SGLang's registry resolve to ours.
+        assert ModelRegistry.resolve_model_cls([arch]) == (cls, arch)
+
+
+def test_plugin_entry_point_registers_backend_and_cli_choice(sglang_checkpoint):
+    import argparse
+
+    from sglang.srt.arg_groups.choices import ATTENTION_BACKEND_CHOICES
+    from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
+    from sglang.srt.plugins import GENERAL_PLUGINS_GROUP, load_plugins_by_group
+    from sglang.srt.server_args import ServerArgs
+
+    from atom_frontends.sglang.hooks import SGLANG
+
+    register, dist = load_plugins_by_group(GENERAL_PLUGINS_GROUP)["atom"]  # found the way SGLang finds it
+    assert dist == "atom-core"
+    register()
+    register()  # SGLang calls it in every process; it must be idempotent
+    assert SGLANG.is_active()
+    assert ATTENTION_BACKEND_CHOICES.count("atom") == 1 and callable(ATTENTION_BACKENDS["atom"])
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    args = parser.parse_args(["--model-path", str(sglang_checkpoint("qwen3")), "--attention-backend", "atom"])
+    assert args.attention_backend == "atom"
+
+
+def test_config_translated_from_sglang_objects(sglang_checkpoint):
+    from transformers import AutoConfig
+
+    from atom_core.plugins import current_platform, translate_config
+    from atom_frontends.sglang.config import SGLangModelConfig
+
+    path = sglang_checkpoint("llama")
+    hf_config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+    hf_config.context_len = 300  # what SGLang's ModelConfig resolves and hands the model
+    with sglang_runtime(path) as server_args:
+        host_config = SGLangModelConfig.from_model_init(hf_config, prefix="")
+        config = translate_config(host_config, host="sglang")
+        platform = current_platform("sglang")
+        with pytest.raises(ValueError, match="quantized checkpoints"):
+            translate_config(SGLangModelConfig(hf_config, server_args, torch.float32, quant_config=object()),
+                             host="sglang")
+    assert host_config.server_args is server_args
+    assert (config.model_path, config.dtype, config.max_model_len) == (str(path), torch.float32, 300)
+    assert (config.tensor_parallel_size, config.block_size, config.kv_cache_dtype) == (1, 1, "auto")
+    assert config.enforce_eager and config.architecture == "LlamaForCausalLM"
+    assert (platform.device, platform.tp_rank, platform.tp_size) == (torch.device("cpu"), 0, 1)
+    assert platform.owns_cuda_graphs and platform.owns_compile
+
+
+def test_outside_an_sglang_process_the_error_says_what_to_do():
+    # A fresh process: an engine started by another test may have published SGLang's config here.
+    code = (
+        "from atom_core.plugins import current_platform\n"
+        "try:\n"
+        "    current_platform('sglang')\n"
+        "except RuntimeError as e:\n"
+        "    print(e)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert "must run inside an SGLang engine process" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+    assert "SGLANG_EXTERNAL_MODEL_PACKAGE=atom_frontends.sglang.models" in proc.stdout
+
+
+def test_hooks_answer_only_for_sglang():
+    from atom_core.layers.attention import AttentionSpec
+    from atom_frontends.sglang import hooks
+
+    spec = AttentionSpec(4, 16, 0.25, 2, "model.layers.0.self_attn.attn")
+    assert hooks.atom_attention_impl(host="native", spec=spec) is None
+    assert hooks.atom_metadata_builder(host="vllm", spec=None) is None
+    assert hooks.atom_translate_config(host="native", host_config=object()) is None
+    assert hooks.atom_translate_config(host="sglang", host_config=object()) is None  # not SGLang's object
+    assert hooks.atom_platform(host="native") is None
+    assert hooks.atom_attention_impl(host="sglang", spec=spec).__name__ == "SGLangAttention"
