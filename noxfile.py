@@ -52,3 +52,20 @@ def vllm(session: nox.Session) -> None:
     session.install("pluggy>=1.5", "pytest>=8", "tokenizers")
     session.run("python", "-c", "import torch, vllm; print('torch', torch.__version__, 'vllm', vllm.__version__)")
     pytest(session, "tests/frontends/vllm", "-m", "not gpu")
+
+
+SGLANG = "sglang==0.5.23"
+
+
+@nox.session(default=False)
+def sglang(session: nox.Session) -> None:
+    """Real SGLang on CPU loading atom-core's models and attention backend (install ~10 min, ~11 GB)."""
+    session.install(SGLANG)  # brings its own torch build: keep it
+    # Pin everything sglang installed, so adding atom-core and its test extras replaces nothing.
+    pins = session.run("python", "-m", "pip", "freeze", "--exclude-editable", silent=True)
+    constraints = f"{session.create_tmp()}/sglang-constraints.txt"
+    with open(constraints, "w") as f:
+        f.write(pins)
+    session.install("-c", constraints, "-e", ".[test]")
+    session.run("python", "-c", "import torch, sglang; print('torch', torch.__version__, 'sglang', sglang.__version__)")
+    pytest(session, "tests/frontends/sglang")
