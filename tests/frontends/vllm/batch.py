@@ -1,0 +1,67 @@
+"""A small batch as vLLM's runner describes it (CommonAttentionMetadata), its K/V, and an SDPA oracle."""
+
+from __future__ import annotations
+
+import torch
+
+BLOCK, KV_HEADS, HEADS, D = 16, 2, 4, 32
+NUM_BLOCKS = 64
+# (cached context tokens, new tokens) per request, decodes first as vLLM orders them for our builder
+REQUESTS = [(9, 1), (30, 1), (33, 1), (0, 13), (20, 7), (0, 2)]
+
+
+def common_metadata(g: torch.Generator):
+    """A CommonAttentionMetadata as vLLM's runner fills it: block tables, slots and positions per token."""
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+
+    seq_lens = [c + q for c, q in REQUESTS]
+    width = max(-(-s // BLOCK) for s in seq_lens)
+    table = torch.randperm(NUM_BLOCKS, generator=g)[: width * len(REQUESTS)].view(len(REQUESTS), width)
+    table = table.to(torch.int32)
+    positions = torch.cat([torch.arange(c, c + q) for c, q in REQUESTS])
+    req_of_token = torch.cat([torch.full((q,), r) for r, (_, q) in enumerate(REQUESTS)])
+    slots = table[req_of_token, positions // BLOCK].long() * BLOCK + positions % BLOCK
+    qsl = torch.tensor([0] + [q for _, q in REQUESTS]).cumsum(0).to(torch.int32)
+    return CommonAttentionMetadata(
+        query_start_loc=qsl.clone(), query_start_loc_cpu=qsl.clone(),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32), num_reqs=len(REQUESTS),
+        num_actual_tokens=int(qsl[-1]), max_query_len=max(q for _, q in REQUESTS),
+        max_seq_len=max(seq_lens), block_table_tensor=table, slot_mapping=slots, positions=positions,
+    )
+
+
+def vllm_kv_cache() -> torch.Tensor:
+    """vLLM's per-layer view for its default token-major (LBNHC) layout: logical
+    [blocks, kv_heads, block_size, 2*d] (K then V on the last dim), physically [blocks, block_size, kv_heads, 2*d]."""
+    return torch.zeros(NUM_BLOCKS, BLOCK, KV_HEADS, 2 * D).transpose(1, 2)
+
+
+def fill_step(kv_cache: torch.Tensor, common, g: torch.Generator):
+    """Write each request's cached prefix into kv_cache (as earlier steps did); return this step's
+    query [T, heads*d], key/value [T, kv_heads*d] and every request's full K/V [ctx+new, kv_heads, d]."""
+    k_all = [torch.randn(c + n, KV_HEADS, D, generator=g) for c, n in REQUESTS]
+    v_all = [torch.randn(c + n, KV_HEADS, D, generator=g) for c, n in REQUESTS]
+    table = common.block_table_tensor.long()
+    for r, (c, _) in enumerate(REQUESTS):
+        pos = torch.arange(c)
+        kv_cache[table[r, pos // BLOCK], :, pos % BLOCK, :D] = k_all[r][:c]
+        kv_cache[table[r, pos // BLOCK], :, pos % BLOCK, D:] = v_all[r][:c]
+    key = torch.cat([k[c:] for k, (c, _) in zip(k_all, REQUESTS)]).reshape(-1, KV_HEADS * D)
+    value = torch.cat([v[c:] for v, (c, _) in zip(v_all, REQUESTS)]).reshape(-1, KV_HEADS * D)
+    query = torch.randn(key.shape[0], HEADS * D, generator=g)
+    return query, key, value, k_all, v_all
+
+
+def sdpa_reference(query, k_all, v_all, scale):
+    """Per request: causal attention of its new queries (its last rows) over all its tokens, by torch SDPA."""
+    q = query.view(-1, HEADS, D)
+    outs, start = [], 0
+    for r, (c, n) in enumerate(REQUESTS):
+        qr = q[start : start + n].transpose(0, 1)  # [heads, n, d]
+        kr = k_all[r].transpose(0, 1).repeat_interleave(HEADS // KV_HEADS, 0)  # [heads, c+n, d]
+        vr = v_all[r].transpose(0, 1).repeat_interleave(HEADS // KV_HEADS, 0)
+        mask = torch.arange(c + n)[None, :] <= torch.arange(c, c + n)[:, None]
+        out = torch.nn.functional.scaled_dot_product_attention(qr, kr, vr, attn_mask=mask, scale=scale)
+        outs.append(out.transpose(0, 1).reshape(n, HEADS * D))
+        start += n
+    return torch.cat(outs)

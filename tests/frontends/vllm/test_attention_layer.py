@@ -1,0 +1,100 @@
+"""AttentionForVllm as vLLM's runner uses it (forward-context registration, backend, KV-cache spec), and
+its attention call staying opaque under vLLM-style torch.compile (guards dropped, traced once)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+from tests.frontends.vllm.batch import (  # noqa: E402
+    BLOCK,
+    D,
+    HEADS,
+    KV_HEADS,
+    common_metadata,
+    fill_step,
+    sdpa_reference,
+    vllm_kv_cache,
+)
+
+PREFIX = "model.layers.0.self_attn.attn"
+
+
+def _attention(cfg, prefix: str = PREFIX, **kwargs):
+    """Through the core's Attention factory, as model code builds it, with the host marked vllm."""
+    from vllm.config import set_current_vllm_config
+
+    from atom_core.layers.attention import Attention
+    from atom_frontends.vllm.hooks import VLLM
+
+    with set_current_vllm_config(cfg), VLLM.scope():
+        return Attention(HEADS, D, D**-0.5, KV_HEADS, prefix=prefix, **kwargs)
+
+
+def test_layer_is_what_vllms_runner_looks_for():
+    from vllm.config import VllmConfig, get_layers_from_vllm_config
+    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    from atom_frontends.vllm.attention import AttentionForVllm
+    from atom_frontends.vllm.backend import AtomAttentionBackend
+
+    cfg = VllmConfig()
+    layer = _attention(cfg)
+    assert isinstance(layer, AttentionForVllm)
+    assert get_layers_from_vllm_config(cfg, AttentionLayerBase) == {PREFIX: layer}
+    assert layer.get_attn_backend() is AtomAttentionBackend
+    assert AttentionBackendEnum[AtomAttentionBackend.get_name()].get_class() is AtomAttentionBackend
+    assert layer.kv_cache.numel() == 0 and layer.num_heads == HEADS
+    with pytest.raises(ValueError, match="duplicate attention layer name"):
+        _attention(cfg)
+
+
+@pytest.mark.parametrize("window", [None, 0, -1, 64])
+def test_kv_cache_spec_full_or_sliding_window(window):
+    from vllm.config import VllmConfig
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+
+    cfg = VllmConfig()
+    cfg.cache_config.block_size = BLOCK
+    spec = _attention(cfg, sliding_window=window).get_kv_cache_spec(cfg)
+    assert (spec.block_size, spec.num_kv_heads, spec.head_size) == (BLOCK, KV_HEADS, D)
+    if window and window > 0:
+        assert type(spec) is SlidingWindowSpec and spec.sliding_window == window
+    else:
+        assert type(spec) is FullAttentionSpec and spec.sliding_window is None
+
+
+def test_attention_stays_opaque_under_guard_free_compile():
+    """vLLM compiles once with guards dropped, on a warm-up run without metadata. Our op must keep the
+    'no metadata' branch out of the graph, or every later step would return the warm-up's zeros."""
+    from vllm.config import VllmConfig
+    from vllm.forward_context import set_forward_context
+
+    from atom_frontends.vllm.metadata import build_metadata
+
+    cfg = VllmConfig()
+    layer = _attention(cfg)
+    g = torch.Generator().manual_seed(3)
+    common = common_metadata(g)
+    layer.kv_cache = vllm_kv_cache()  # what vLLM's bind_kv_cache does
+    query, key, value, k_all, v_all = fill_step(layer.kv_cache, common, g)
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    compiled = torch.compile(layer, fullgraph=True, backend=capture,
+                             options={"guard_filter_fn": torch.compiler.skip_all_guards_unsafe})
+    with set_forward_context(None, cfg):  # warm-up / profiling: no metadata
+        assert torch.count_nonzero(compiled(query, key, value)) == 0
+    with set_forward_context({PREFIX: build_metadata(common, BLOCK)}, cfg):
+        out = compiled(query, key, value)
+    assert len(graphs) == 1  # one trace, reused: the second call ran the warm-up's graph
+    torch.testing.assert_close(out, sdpa_reference(query, k_all, v_all, D**-0.5))
+    op = torch.ops.atom.vllm_attention
+    calls = [n for n in graphs[0].graph.nodes if n.target in (op, op.default)]
+    assert len(calls) == 1 and PREFIX in calls[0].args
