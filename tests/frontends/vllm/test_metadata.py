@@ -11,9 +11,9 @@ pytest.importorskip("vllm")
 
 from tests.frontends.vllm.batch import (  # noqa: E402
     BLOCK,
-    D,
     HEADS,
     KV_HEADS,
+    D,
     common_metadata,
     fill_step,
     sdpa_reference,
