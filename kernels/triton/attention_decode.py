@@ -20,7 +20,8 @@ from atom_kernels.triton._utils import pow2
 from atom_kernels.triton.attention_common import attend_tile, load_kv_tile
 
 
-@triton.jit
+# window is never specialized: as a compile-time 1 it would turn the mask logic into Python bools.
+@triton.jit(do_not_specialize=["window"])
 def _decode_kernel(
     q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, k_scale_ptr, v_scale_ptr, out_ptr, po_ptr, plse_ptr,
     qk_scale, window, num_splits,

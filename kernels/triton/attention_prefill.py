@@ -30,7 +30,8 @@ def _find_seq(qsl_ptr, pid, num_seqs, BLOCK_M: tl.constexpr):
     return lo
 
 
-@triton.jit
+# window is never specialized: as a compile-time 1 it would turn the mask logic into Python bools.
+@triton.jit(do_not_specialize=["window"])
 def _prefill_kernel(
     q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, k_scale_ptr, v_scale_ptr, out_ptr,
     qk_scale, window, num_seqs,
@@ -48,8 +49,9 @@ def _prefill_kernel(
     tile = pid - (q_start // BLOCK_M + seq)
     if tile * BLOCK_M >= q_len:
         return
-    if SKIP_DECODES and q_len == 1:  # the decode kernel has it
-        return
+    if SKIP_DECODES:
+        if q_len == 1:  # the decode kernel has it
+            return
     seq_len = tl.load(seq_lens_ptr + seq)
     prefix = seq_len - q_len  # cached tokens before this step's queries
     i = tile * BLOCK_M + tl.arange(0, BLOCK_M)

@@ -55,12 +55,12 @@ def _fused_kernel(
                                   HEAD_DIM, HALF, ROT, Q_DTYPE, QH_PAD)
     tl.store(qo_ptr + (t * q_heads + h[:, None]) * HEAD_DIM + d[None, :], q.to(Q_DTYPE), mask=mask)
     slot = tl.load(slot_ptr + t).to(tl.int64)
-    if slot >= 0:
-        k, h, mask = _norm_rope_heads(k_ptr, t, sk_t, sk_h, kv_heads, kw_ptr, eps, cos, sin, d, partner,
-                                      HEAD_DIM, HALF, ROT, K_DTYPE, KH_PAD)
-        v = tl.load(v_ptr + t * sv_t + h[:, None] * sv_h + d[None, :], mask=mask, other=0.0).to(tl.float32)
+    if slot >= 0:  # (new names: a branch may not retype the q part's h/mask, whose head count differs)
+        k, kh, kmask = _norm_rope_heads(k_ptr, t, sk_t, sk_h, kv_heads, kw_ptr, eps, cos, sin, d, partner,
+                                        HEAD_DIM, HALF, ROT, K_DTYPE, KH_PAD)
+        v = tl.load(v_ptr + t * sv_t + kh[:, None] * sv_h + d[None, :], mask=kmask, other=0.0).to(tl.float32)
         store_kv_row(k, v, slot, kc_ptr, vc_ptr, k_scale_ptr, v_scale_ptr, skc_b, skc_t, skc_h, skc_d,
-                     svc_b, svc_t, svc_h, svc_d, h, d, mask, BLOCK_SIZE, HAS_SCALE)
+                     svc_b, svc_t, svc_h, svc_d, kh, d, kmask, BLOCK_SIZE, HAS_SCALE)
 
 
 def fused_qk_norm_rope_write_kv(positions, query, key, value, q_weight, k_weight, eps, cos_sin_cache,
