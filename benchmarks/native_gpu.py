@@ -6,8 +6,11 @@ one decode step must read (all weights once + the K/V of every context token, at
 128 + 64) over the device copy bandwidth measured here. Also checks that the first 16 greedy tokens
 match HF's and, where they do not, prints the fp32 logit margin of the two candidates.
 
+The native engine runs twice: as configured by default, and with ATOM_FUSED_QK_NORM_ROPE=1.
+
 --throughput: 256 requests, prompt and output lengths uniform in [100, 1024], temperature 1,
-EOS ignored (the common offline workload); output tokens/s over the whole run.
+EOS ignored (the common offline workload); output tokens/s over the whole run, and the decode
+roofline of the same work (set ATOM_FUSED_QK_NORM_ROPE=1 in the environment for the fused op).
 
     python benchmarks/native_gpu.py [--throughput] [--checkpoint DIR]
 """
@@ -66,6 +69,40 @@ def prompts_for(batch: int, seed: int, vocab: int) -> list[list[int]]:
     return torch.randint(3, vocab, (batch, PROMPT), generator=g).tolist()
 
 
+class GraphTimer:
+    """GPU time of the decode-graph replays (CUDA events around each), to split a step's wall time into
+    the model forward on the GPU and everything else (host work, sampling, eager steps)."""
+
+    def __init__(self, llm) -> None:
+        self.events: list = []
+        graphs = llm.engine.runner.graphs
+        if graphs is not None:
+            replay = graphs.replay
+
+            def timed_replay(size):
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                out = replay(size)
+                b.record()
+                self.events.append((size, a, b))
+                return out
+
+            graphs.replay = timed_replay
+
+    def seconds(self) -> float:
+        torch.cuda.synchronize()
+        return sum(a.elapsed_time(b) for _, a, b in self.events) / 1e3
+
+    def by_size(self, sizes=(256, 128, 64, 32, 8, 1)) -> str:
+        """Mean GPU ms of one replay at a few padded batch sizes."""
+        parts = []
+        for size in sizes:
+            ms = [a.elapsed_time(b) for s, a, b in self.events if s == size]
+            if ms:
+                parts.append(f"{size}: {sum(ms) / len(ms):.2f} ms x{len(ms)}")
+        return ", ".join(parts)
+
+
 def hf_decode(model, prompts) -> tuple[float, list[list[int]]]:
     ids = torch.tensor(prompts, device=DEVICE)  # equal lengths: no padding
 
@@ -79,7 +116,8 @@ def hf_decode(model, prompts) -> tuple[float, list[list[int]]]:
     return len(prompts) * (NEW - 1) / (tn - t1), out[:, PROMPT:].tolist()
 
 
-def native_decode(llm, prompts) -> tuple[float, list[list[int]]]:
+def native_decode(llm, prompts) -> tuple[float, float, list[list[int]]]:
+    """(decode tok/s, decode-graph GPU ms per decode step, tokens)."""
     from atom_frontends.native import SamplingParams
 
     def gen(n, ps=prompts):
@@ -87,8 +125,18 @@ def native_decode(llm, prompts) -> tuple[float, list[list[int]]]:
 
     gen(4, [p[::-1] for p in prompts])  # warm-up: JIT-compiles the prefill kernels
     _, t1 = timed(lambda: gen(1))
+    timer = GraphTimer(llm)
     outs, tn = timed(lambda: gen(NEW))
-    return len(prompts) * (NEW - 1) / (tn - t1), [o.token_ids for o in outs]
+    graph_ms = timer.seconds() * 1e3 / max(len(timer.events), 1)
+    return len(prompts) * (NEW - 1) / (tn - t1), graph_ms, [o.token_ids for o in outs]
+
+
+def native_engine(path: str, fused: bool, **kw):
+    """The engine with ATOM_FUSED_QK_NORM_ROPE on or off (read when the config is built)."""
+    from atom_frontends.native import LLM
+
+    os.environ["ATOM_FUSED_QK_NORM_ROPE"] = "1" if fused else "0"
+    return LLM(path, dtype="bfloat16", max_model_len=MAX_MODEL_LEN, **kw)
 
 
 @torch.inference_mode()
@@ -111,61 +159,78 @@ def margins(model32, prompts, ref, got) -> list[str]:
 def latency(path: str) -> None:
     from transformers import AutoModelForCausalLM
 
-    from atom_frontends.native import LLM
-
     bw = copy_bandwidth()
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, local_files_only=True).to(DEVICE).eval()
     cfg = hf.config
     weight_bytes = sum(p.numel() * p.element_size() for p in hf.parameters())  # tied: counted once
     kv_per_token = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * 2
-    llm = LLM(path, dtype="bfloat16", max_model_len=MAX_MODEL_LEN, max_num_seqs=32, kv_cache_memory=8 << 30,
-              enable_prefix_caching=False)
-    print(f"copy bandwidth {bw / 1e12:.2f} TB/s; weights {weight_bytes / 1e9:.3f} GB; "
-          f"KV {kv_per_token} B/token; CUDA graphs {'on' if llm.engine.runner.graphs else 'off'}")
+    print(f"copy bandwidth {bw / 1e12:.2f} TB/s; weights {weight_bytes / 1e9:.3f} GB; KV {kv_per_token} B/token")
+    batches = {b: prompts_for(b, seed=b, vocab=cfg.vocab_size) for b in (1, 32)}
+    hf_runs = {b: hf_decode(hf, ps) for b, ps in batches.items()}
     rows, parity = [], []
-    for batch in (1, 32):
-        prompts = prompts_for(batch, seed=batch, vocab=cfg.vocab_size)
-        hf_tps, hf_tok = hf_decode(hf, prompts)
-        ours_tps, ours_tok = native_decode(llm, prompts)
-        step_bytes = weight_bytes + batch * (PROMPT + NEW / 2) * kv_per_token
-        roof = batch * bw / step_bytes
-        rows.append((batch, hf_tps, ours_tps, roof))
-        parity.append((batch, prompts, hf_tok, ours_tok))
+    for name, fused in (("native", False), ("native, fused qk-norm-rope", True)):
+        llm = native_engine(path, fused, max_num_seqs=32, kv_cache_memory=8 << 30, enable_prefix_caching=False)
+        assert llm.engine.runner.graphs is not None, "CUDA graphs are off"
+        for b, prompts in batches.items():
+            tps, graph_ms, tokens = native_decode(llm, prompts)
+            roof = b * bw / (weight_bytes + b * (PROMPT + NEW / 2) * kv_per_token)
+            rows.append((b, name, tps, b / tps * 1e3, graph_ms, tps / roof, tps / hf_runs[b][0]))
+            parity.append((f"{name}, batch {b}", prompts, hf_runs[b][1], tokens))
+        del llm
+        torch.cuda.empty_cache()
     hf.float()  # the fp32 oracle for margins
-    for batch, prompts, ref, got in parity:
+    for what, prompts, ref, got in parity:
         same = sum(r[:PARITY_TOKENS] == g[:PARITY_TOKENS] for r, g in zip(ref, got))
-        print(f"bf16 parity, batch {batch}: first {PARITY_TOKENS} greedy tokens match HF for {same}/{batch} prompts")
+        print(f"bf16 parity, {what}: first {PARITY_TOKENS} greedy tokens match HF for {same}/{len(ref)} prompts")
         for line in margins(hf, prompts, ref, got):
             print(line)
-    print(f"\n{'batch':>5} {'HF tok/s':>10} {'native tok/s':>13} {'roofline tok/s':>15} "
-          f"{'of roofline':>12} {'native/HF':>10}")
-    for batch, hf_tps, ours_tps, roof in rows:
-        print(f"{batch:>5} {hf_tps:>10.1f} {ours_tps:>13.1f} {roof:>15.0f} {ours_tps / roof:>12.1%} "
-              f"{ours_tps / hf_tps:>10.1f}")
+    print(f"\n{'batch':>5}  {'engine':<27} {'tok/s':>9} {'ms/step':>8} {'graph GPU ms':>13} "
+          f"{'of roofline':>12} {'vs HF':>7}")
+    for b, (hf_tps, _) in hf_runs.items():
+        print(f"{b:>5}  {'HF generate':<27} {hf_tps:>9.1f} {b / hf_tps * 1e3:>8.2f}")
+        for row in rows:
+            if row[0] == b:
+                print(f"{b:>5}  {row[1]:<27} {row[2]:>9.1f} {row[3]:>8.2f} {row[4]:>13.2f} {row[5]:>12.1%} "
+                      f"{row[6]:>7.1f}")
+    print("(roofline: weights + KV at mean context 192 read once per decode step at the copy bandwidth; "
+          "graph GPU ms: the decode forward alone, the rest of a step is host work + logits + sampling)")
 
 
 def throughput(path: str) -> None:
-    from atom_frontends.native import LLM, SamplingParams
+    from atom_frontends.native import SamplingParams
 
     rng = random.Random(0)
     lens = [(rng.randint(100, 1024), rng.randint(100, 1024)) for _ in range(256)]
     vocab = QWEN3_06B["vocab_size"]
     prompts = [[rng.randrange(3, vocab) for _ in range(p)] for p, _ in lens]
     params = [SamplingParams(temperature=1.0, top_p=1.0, max_tokens=o, ignore_eos=True) for _, o in lens]
-    llm = LLM(path, dtype="bfloat16", max_model_len=MAX_MODEL_LEN, max_num_seqs=256,
-              max_num_batched_tokens=8192)
+    fused = os.environ.get("ATOM_FUSED_QK_NORM_ROPE", "0") == "1"
+    llm = native_engine(path, fused, max_num_seqs=256, max_num_batched_tokens=8192)
     warm = [p[::-1] for p in prompts[:8]]  # not the timed prompts: no prefix-cache hits from the warm-up
     llm.generate(warm, SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True), use_tqdm=False)
+    timer = GraphTimer(llm)
     outs, t = timed(lambda: llm.generate(prompts, params, use_tqdm=False))
     n_out = sum(len(o.token_ids) for o in outs)
     assert n_out == sum(o for _, o in lens)
     n_in = sum(p for p, _ in lens)
+    graph_s = timer.seconds()
+    # Roofline: every decode step reads the weights once and the K/V of each running sequence's context.
+    runner = llm.engine.runner
+    weight_bytes = sum(p.numel() * p.element_size() for p in llm.engine.model.parameters())
+    kv_reads = sum(o * p + o * (o - 1) // 2 for p, o in lens)  # context tokens over all decode steps
+    bw = copy_bandwidth()
+    roof_s = (kv_reads * runner.bytes_per_block() / llm.engine.config.block_size
+              + len(timer.events) * weight_bytes) / bw
     print(f"256 requests, {n_in} prompt + {n_out} output tokens in {t:.2f} s; "
-          f"preemptions {llm.engine.scheduler.num_preemptions}; "
-          f"CUDA graphs {'on' if llm.engine.runner.graphs else 'off'}")
+          f"preemptions {llm.engine.scheduler.num_preemptions}; fused qk-norm-rope {fused}")
+    print(f"decode graphs: {len(timer.events)} replays, {graph_s:.2f} s on the GPU ({graph_s / t:.0%} of the run); "
+          f"the rest is eager prefill steps, logits + sampling and host work")
+    print(f"decode graph GPU time per replay by padded batch size: {timer.by_size()}")
     print(f"\n{'metric':<22} {'native':>10} {'goal':>8} {'native/goal':>12}")
     print(f"{'output tok/s':<22} {n_out / t:>10.0f} {13000:>8} {n_out / t / 13000:>12.2f}")
     print(f"{'total tok/s':<22} {(n_in + n_out) / t:>10.0f}")
+    print(f"{'decode roofline tok/s':<22} {n_out / roof_s:>10.0f}   (copy bandwidth {bw / 1e12:.2f} TB/s; "
+          f"native reaches {roof_s / t:.0%})")
 
 
 def main() -> None:
@@ -176,8 +241,7 @@ def main() -> None:
     torch.backends.cuda.matmul.allow_tf32 = False
     path = checkpoint(args.checkpoint)
     print(f"{datetime.date.today()} {torch.cuda.get_device_name()} torch {torch.__version__}; "
-          f"Qwen3-0.6B-shaped random checkpoint, bf16; ATOM_FUSED_QK_NORM_ROPE="
-          f"{os.environ.get('ATOM_FUSED_QK_NORM_ROPE', '0')}")
+          "Qwen3-0.6B-shaped random checkpoint, bf16")
     (throughput if args.throughput else latency)(path)
 
 

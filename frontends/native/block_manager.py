@@ -75,9 +75,10 @@ class BlockManager:
 
     def cache_full_blocks(self, req: Request) -> None:
         """Register every block of `req` that is now full and computed."""
-        if not self.enable_prefix_caching:
-            return
-        tokens, bs = req.all_token_ids, self.block_size
+        bs = self.block_size
+        if not self.enable_prefix_caching or len(req.block_hashes) >= req.num_computed_tokens // bs:
+            return  # nothing newly full: skip building the token list (this runs every step)
+        tokens = req.all_token_ids
         for j in range(len(req.block_hashes), req.num_computed_tokens // bs):
             parent = req.block_hashes[-1] if req.block_hashes else None
             h = block_hash(parent, tokens[j * bs : (j + 1) * bs])

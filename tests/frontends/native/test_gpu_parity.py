@@ -84,6 +84,17 @@ def test_fp32_greedy_matches_hf(checkpoint_factory, case, enforce_eager):
 
 
 @pytest.mark.parametrize("enforce_eager", [False, True], ids=["graphs", "eager"])
+def test_fp32_fused_qk_norm_rope_matches_hf(checkpoint_factory, monkeypatch, enforce_eager):
+    """Qwen3's q/k norm + rotary + cache write as the one fused op (ATOM_FUSED_QK_NORM_ROPE=1)."""
+    monkeypatch.setenv("ATOM_FUSED_QK_NORM_ROPE", "1")
+    path = checkpoint_factory("Qwen3ForCausalLM", **HD128)
+    prompts = random_prompts(LENGTHS, seed=15)
+    llm = native(path, "float32", enforce_eager)
+    assert all(layer.self_attn.fused_qk_norm_rope for layer in llm.engine.model.model.layers)
+    assert greedy(llm, prompts, 32) == hf_greedy(hf_model(path, torch.float32), prompts, 32)
+
+
+@pytest.mark.parametrize("enforce_eager", [False, True], ids=["graphs", "eager"])
 def test_fp32_batching_chunking_preemption_match_hf(checkpoint_factory, enforce_eager):
     """Few sequence slots, a small token budget and a small cache: padded graph sizes, steps mixing
     decodes with prefill chunks, and preemption by recompute."""
