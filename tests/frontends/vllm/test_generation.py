@@ -1,8 +1,11 @@
 """A real vLLM engine on CPU runs atom-core's models: greedy tokens == vLLM's own models (plugin
 disabled, separate process) == HF transformers, for Qwen3 and Llama, several prompt lengths in one
-batch, prefix caching on (Qwen3: a second round hits cached blocks) and chunked prefill (Llama)."""
+batch, prefix caching on (Qwen3: a second round hits cached blocks) and chunked prefill (Llama); an
+architecture atom-core lacks falls back to vLLM; vLLM's multiprocess mode with 2 tensor-parallel workers."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -66,14 +69,20 @@ def test_unsupported_architecture_falls_back_to_vllm(atom_run, unsupported_check
 
 
 @pytest.mark.slow
-def test_plugin_loads_in_vllm_multiprocess_engine(vllm_checkpoint, prompts, hf_tokens, tmp_path):
-    """vLLM's default mode: engine core and worker in their own processes; both load our plugins."""
-    job = {"model": str(vllm_checkpoint("qwen3")), "prompts": prompts, "max_tokens": NEW_TOKENS}
+def test_multiprocess_engine_with_tensor_parallel_workers(vllm_checkpoint, prompts, hf_tokens, tmp_path):
+    """vLLM's default multiprocess mode (engine core in its own process) with 2 tensor-parallel worker
+    processes: our plugins load in each, and the model shards through vLLM's groups (gloo on CPU)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    job = {"model": str(vllm_checkpoint("qwen3")), "prompts": prompts, "max_tokens": NEW_TOKENS,
+           "engine": {"tensor_parallel_size": 2, "enforce_eager": True}}
     results, _ = run_vllm([job], tmp_path, VLLM_ENABLE_V1_MULTIPROCESSING="1",
+                          VLLM_CPU_OMP_THREADS_BIND=f"{cpus[0]}|{cpus[-1]}",  # one NUMA node: bind by hand
                           VLLM_ALLOW_INSECURE_SERIALIZATION="1")  # apply_model ships a function
     (result,) = results
-    (worker,) = result["workers"]
-    assert worker["pid"] != result["driver_pid"]
-    assert worker["model_class"] == ATOM_MODEL and worker["platform_class"] == ATOM_PLATFORM
-    assert worker["atom_host"] == "vllm"
+    workers = result["workers"]
+    assert len({w["pid"] for w in workers} | {result["driver_pid"]}) == 3
+    for rank, worker in enumerate(workers):
+        assert worker["model_class"] == ATOM_MODEL and worker["platform_class"] == ATOM_PLATFORM
+        assert worker["atom_host"] == "vllm" and worker["kv_cache_bound"]
+        assert worker["tp"] == [rank, 2]
     assert _tokens(result) == hf_tokens("qwen3")

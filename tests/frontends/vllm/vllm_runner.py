@@ -36,6 +36,8 @@ def inspect_worker(model) -> dict:
         "model_class": f"{type(model).__module__}.{type(model).__qualname__}",
         "attention_classes": sorted({f"{type(m).__module__}.{type(m).__qualname__}" for m in attention}),
         "kv_cache_bound": all(m.kv_cache.numel() > 0 for m in attention),
+        # (rank, size) a tensor-parallel linear layer got (ours: from the Platform, i.e. vLLM's groups)
+        "tp": next(([m.tp_rank, m.tp_size] for m in model.modules() if hasattr(m, "tp_rank")), None),
         "atom_host": host,
         "platform_class": f"{type(current_platform).__module__}.{type(current_platform).__qualname__}",
     }
