@@ -49,6 +49,10 @@ def kernels_traceable(device_type: str) -> bool:
 
 
 def _compile_decoder(vllm_config: VllmConfig) -> bool:
+    from vllm.config import CompilationMode
+
+    if vllm_config.compilation_config.mode in (CompilationMode.NONE, CompilationMode.STOCK_TORCH_COMPILE):
+        return False  # vLLM compiles nothing here (eager), or wraps the whole model itself
     return kernels_traceable(vllm_config.device_config.device_type)
 
 
