@@ -33,7 +33,10 @@ def register_attention_backend() -> None:
 def split_kv_cache(kv_cache: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     """vLLM's per-layer view [num_blocks, kv_heads, block_size, 2*head_dim] (K then V on the last dim,
     strides set by the negotiated layout) → K and V views [num_blocks, block_size, kv_heads, head_dim],
-    the logical shape atom_kernels read. No copy."""
+    the logical shape atom_kernels read. No copy. vLLM keeps fp8 caches as uint8 bytes; our fp8 kinds
+    (fp8, fp8_e4m3) are e4m3, so those bytes are viewed as float8_e4m3fn."""
+    if kv_cache.dtype == torch.uint8:
+        kv_cache = kv_cache.view(torch.float8_e4m3fn)
     return kv_cache[..., :head_dim].transpose(1, 2), kv_cache[..., head_dim:].transpose(1, 2)
 
 

@@ -30,26 +30,34 @@ def common_metadata(g: torch.Generator):
     )
 
 
-def vllm_kv_cache() -> torch.Tensor:
+def vllm_kv_cache(dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """vLLM's per-layer view for its default token-major (LBNHC) layout: logical
-    [blocks, kv_heads, block_size, 2*d] (K then V on the last dim), physically [blocks, block_size, kv_heads, 2*d]."""
-    return torch.zeros(NUM_BLOCKS, BLOCK, KV_HEADS, 2 * D).transpose(1, 2)
+    [blocks, kv_heads, block_size, 2*d] (K then V on the last dim), physically [blocks, block_size, kv_heads, 2*d].
+    dtype torch.uint8 is how vLLM allocates an fp8 cache."""
+    return torch.zeros(NUM_BLOCKS, BLOCK, KV_HEADS, 2 * D, dtype=dtype).transpose(1, 2)
+
+
+def _stored(x: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
+    """What the cache holds for x: x itself, or x rounded to fp8 e4m3 (scale 1) for a uint8 (fp8) cache."""
+    return x.to(torch.float8_e4m3fn).float() if cache.dtype == torch.uint8 else x
 
 
 def fill_step(kv_cache: torch.Tensor, common, g: torch.Generator):
     """Write each request's cached prefix into kv_cache (as earlier steps did); return this step's
-    query [T, heads*d], key/value [T, kv_heads*d] and every request's full K/V [ctx+new, kv_heads, d]."""
+    query [T, heads*d], key/value [T, kv_heads*d] and every request's K/V as the cache holds them
+    [ctx+new, kv_heads, d] (the attention oracle's input)."""
     k_all = [torch.randn(c + n, KV_HEADS, D, generator=g) for c, n in REQUESTS]
     v_all = [torch.randn(c + n, KV_HEADS, D, generator=g) for c, n in REQUESTS]
+    target = kv_cache.view(torch.float8_e4m3fn) if kv_cache.dtype == torch.uint8 else kv_cache
     table = common.block_table_tensor.long()
     for r, (c, _) in enumerate(REQUESTS):
         pos = torch.arange(c)
-        kv_cache[table[r, pos // BLOCK], :, pos % BLOCK, :D] = k_all[r][:c]
-        kv_cache[table[r, pos // BLOCK], :, pos % BLOCK, D:] = v_all[r][:c]
+        target[table[r, pos // BLOCK], :, pos % BLOCK, :D] = k_all[r][:c].to(target.dtype)
+        target[table[r, pos // BLOCK], :, pos % BLOCK, D:] = v_all[r][:c].to(target.dtype)
     key = torch.cat([k[c:] for k, (c, _) in zip(k_all, REQUESTS)]).reshape(-1, KV_HEADS * D)
     value = torch.cat([v[c:] for v, (c, _) in zip(v_all, REQUESTS)]).reshape(-1, KV_HEADS * D)
     query = torch.randn(key.shape[0], HEADS * D, generator=g)
-    return query, key, value, k_all, v_all
+    return query, key, value, [_stored(k, kv_cache) for k in k_all], [_stored(v, kv_cache) for v in v_all]
 
 
 def sdpa_reference(query, k_all, v_all, scale):

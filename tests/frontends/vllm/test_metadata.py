@@ -4,6 +4,8 @@ the built metadata on a KV cache in vLLM's per-layer layout == torch SDPA on the
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -13,6 +15,7 @@ from tests.frontends.vllm.batch import (  # noqa: E402
     BLOCK,
     HEADS,
     KV_HEADS,
+    REQUESTS,
     D,
     common_metadata,
     fill_step,
@@ -55,20 +58,27 @@ def test_positions_derived_on_device_when_the_runner_gives_none():
     assert torch.equal(md.positions, expected)
 
 
-def test_attention_through_built_metadata_matches_sdpa_on_vllm_layout():
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_attention_through_built_metadata_matches_sdpa_on_vllm_layout(kv_cache_dtype):
     from atom_frontends.vllm.backend import AtomAttentionImpl
 
     g = torch.Generator().manual_seed(2)
     common = common_metadata(g)
-    kv_cache = vllm_kv_cache()
+    # vLLM allocates fp8 caches as uint8 bytes (its STR_DTYPE_TO_TORCH_DTYPE)
+    kv_cache = vllm_kv_cache(torch.uint8 if kv_cache_dtype == "fp8" else torch.float32)
     query, key, value, k_all, v_all = fill_step(kv_cache, common, g)
     md = _builder().build(0, common)
-    impl = AtomAttentionImpl(HEADS, D, D**-0.5, KV_HEADS, prefix="model.layers.0.self_attn.attn")
+    impl = AtomAttentionImpl(HEADS, D, D**-0.5, KV_HEADS, kv_cache_dtype=kv_cache_dtype,
+                             prefix="model.layers.0.self_attn.attn")
+    layer = SimpleNamespace(_k_scale=torch.tensor(1.0), _v_scale=torch.tensor(1.0))  # AttentionForVllm's
     out = torch.full_like(query, float("nan"))
-    impl.forward(None, query, key, value, kv_cache, md, out)
+    impl.forward(layer, query, key, value, kv_cache, md, out)
 
     torch.testing.assert_close(out, sdpa_reference(query, k_all, v_all, D**-0.5))
     slots = common.slot_mapping  # this step's K/V landed in vLLM's cache at the runner's slots
-    cached = kv_cache[slots // BLOCK, :, slots % BLOCK]  # [T, kv_heads, 2*d]
-    torch.testing.assert_close(cached[..., :D].reshape_as(key), key)
-    torch.testing.assert_close(cached[..., D:].reshape_as(value), value)
+    stored = kv_cache.view(torch.float8_e4m3fn).float() if kv_cache_dtype == "fp8" else kv_cache
+    cached = stored[slots // BLOCK, :, slots % BLOCK]  # [T, kv_heads, 2*d]
+    new_k = torch.cat([k[c:] for k, (c, _) in zip(k_all, REQUESTS)])
+    new_v = torch.cat([v[c:] for v, (c, _) in zip(v_all, REQUESTS)])
+    torch.testing.assert_close(cached[..., :D], new_k)
+    torch.testing.assert_close(cached[..., D:], new_v)
