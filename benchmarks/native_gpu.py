@@ -206,8 +206,10 @@ def throughput(path: str) -> None:
     params = [SamplingParams(temperature=1.0, top_p=1.0, max_tokens=o, ignore_eos=True) for _, o in lens]
     fused = os.environ.get("ATOM_FUSED_QK_NORM_ROPE", "0") == "1"
     llm = native_engine(path, fused, max_num_seqs=256, max_num_batched_tokens=8192)
-    warm = [p[::-1] for p in prompts[:8]]  # not the timed prompts: no prefix-cache hits from the warm-up
-    llm.generate(warm, SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True), use_tqdm=False)
+    # Warm-up: the same prompts reversed (no prefix-cache hits later), 2 tokens each, so the eager steps mixing
+    # prefills with decodes JIT-compile their Triton variants here rather than in the timed run.
+    warm = [p[::-1] for p in prompts]
+    llm.generate(warm, SamplingParams(temperature=1.0, max_tokens=2, ignore_eos=True), use_tqdm=False)
     timer = GraphTimer(llm)
     outs, t = timed(lambda: llm.generate(prompts, params, use_tqdm=False))
     n_out = sum(len(o.token_ids) for o in outs)

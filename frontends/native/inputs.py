@@ -41,6 +41,10 @@ def _tokens(r: Request, start: int, n: int) -> list[int]:
     return p[start:] + r.output_token_ids[: start + n - len(p)]
 
 
+def _round16(n: int) -> int:
+    return -(-n // 16) * 16
+
+
 def _fill_tables(tables: np.ndarray, block_ids: list[list[int]]) -> None:
     """tables [S, W] ← each sequence's block ids, zero-padded (one scatter instead of a row loop)."""
     tables[:] = 0
@@ -55,7 +59,9 @@ def _fill_tables(tables: np.ndarray, block_ids: list[list[int]]) -> None:
 class InputBuilder:
     def __init__(self, config: AtomConfig, device: torch.device) -> None:
         self.block_size, self.max_model_len = config.block_size, config.max_model_len
-        self.width = -(-config.max_model_len // config.block_size)  # blocks of the longest sequence
+        # Block-table widths are multiples of 16: Triton specialises integer arguments (the table's row
+        # stride) on divisibility by 16, so one width class means no recompiles as sequences grow.
+        self.width = _round16(-(-config.max_model_len // config.block_size))  # >= blocks of the longest sequence
         seqs = config.max_num_seqs
         tokens = max(config.max_num_batched_tokens, seqs)
         sizes = {torch.int64: 3 * tokens + seqs, torch.int32: 2 * seqs + 1 + seqs * self.width}
@@ -75,7 +81,7 @@ class InputBuilder:
         q_lens = [s.num_new_tokens for s in batch]
         n_tok = sum(q_lens)
         s_, t_ = (graph_size, graph_size) if graph_size else (n, n_tok)
-        w = self.width if graph_size else max(len(s.request.block_ids) for s in batch)
+        w = self.width if graph_size else _round16(max(len(s.request.block_ids) for s in batch))
         tables = self.np32[2 * s_ + 1 : 2 * s_ + 1 + s_ * w].reshape(s_, w)
         _fill_tables(tables, [s.request.block_ids for s in batch])
         if n_tok == n:
