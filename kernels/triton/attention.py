@@ -69,6 +69,7 @@ def paged_attention(
         launch_prefill(*args, skip_decodes=run_decode, **cfg)
     if run_decode:
         longest = max_seq_len if max_seq_len is not None else block_tables.shape[1] * k_cache.shape[1]
-        cfg = decode_config(seq_lens.shape[0], k_cache.shape[2], longest, query.shape[2], query.device)
+        cfg = decode_config(seq_lens.shape[0], k_cache.shape[2], longest, query.shape[2], query.device,
+                            k_cache.dtype, query.dtype)
         launch_decode(*args, **cfg)
     return out

@@ -13,10 +13,19 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def load_kv_tile(cache_ptr, bt_row, s_btc, n, n_mask, head_off, s_b, s_t, s_d, d, d_mask,
-                 BLOCK_SIZE: tl.constexpr):
-    """Tokens n [BLOCK_N] of one sequence, one KV head → [BLOCK_N, D_PAD], cache dtype, 0 where masked."""
-    blk = tl.load(bt_row + (n // BLOCK_SIZE) * s_btc, mask=n_mask, other=0).to(tl.int64)
+def load_block_ids(bt_row, s_btc, n, n_mask, BLOCK_SIZE: tl.constexpr):
+    """Physical block of each token position n [BLOCK_N] of one sequence (int64, 0 where masked).
+
+    The loops load these one tile ahead and carry them: with the table load in the same iteration as
+    the K/V loads it depends on, Triton's pipeliner keeps only one K/V tile in flight (measured: one
+    smem buffer at any num_stages); carried, K/V get num_stages - 1 buffers.
+    """
+    return tl.load(bt_row + (n // BLOCK_SIZE) * s_btc, mask=n_mask, other=0).to(tl.int64)
+
+
+@triton.jit
+def load_kv_tile(cache_ptr, blk, n, n_mask, head_off, s_b, s_t, s_d, d, d_mask, BLOCK_SIZE: tl.constexpr):
+    """Tokens n [BLOCK_N] (in blocks blk) of one KV head → [BLOCK_N, D_PAD], cache dtype, 0 where masked."""
     row = blk * s_b + (n % BLOCK_SIZE).to(tl.int64) * s_t
     ptr = cache_ptr + head_off + row[:, None] + d[None, :] * s_d
     return tl.load(ptr, mask=n_mask[:, None] & d_mask[None, :], other=0.0)

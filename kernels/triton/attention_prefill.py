@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from atom_kernels.triton._utils import pow2
-from atom_kernels.triton.attention_common import attend_tile, load_kv_tile
+from atom_kernels.triton.attention_common import attend_tile, load_block_ids, load_kv_tile
 
 
 @triton.jit
@@ -76,11 +76,15 @@ def _prefill_kernel(
     kvh = (h // GROUP).to(tl.int64)
     k_off = kvh * skc_h
     v_off = kvh * svc_h
+    n = lo + tl.arange(0, BLOCK_N)
+    blk = load_block_ids(bt_row, s_btc, n, n < hi, BLOCK_SIZE)
     for n0 in range(lo, hi, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
         n_mask = n < hi
-        k = load_kv_tile(kc_ptr, bt_row, s_btc, n, n_mask, k_off, skc_b, skc_t, skc_d, d, d_mask, BLOCK_SIZE)
-        v = load_kv_tile(vc_ptr, bt_row, s_btc, n, n_mask, v_off, svc_b, svc_t, svc_d, d, d_mask, BLOCK_SIZE)
+        blk_next = load_block_ids(bt_row, s_btc, n + BLOCK_N, n + BLOCK_N < hi, BLOCK_SIZE)
+        k = load_kv_tile(kc_ptr, blk, n, n_mask, k_off, skc_b, skc_t, skc_d, d, d_mask, BLOCK_SIZE)
+        v = load_kv_tile(vc_ptr, blk, n, n_mask, v_off, svc_b, svc_t, svc_d, d, d_mask, BLOCK_SIZE)
+        blk = blk_next
         valid = n_mask[None, :] & (n[None, :] <= q_pos[:, None])
         valid = valid & ((window <= 0) | (n[None, :] > q_pos[:, None] - window))
         m, den, acc = attend_tile(q, k, v, valid, m, den, acc, qk)

@@ -22,7 +22,8 @@ def apply_rope(x, xp, cos, sin, d, HALF, ROT, DTYPE: tl.constexpr):
     """x, xp: [heads, D] float32 (features and their partners); cos, sin: [D] float32.
 
     y = x*cos - partner*sin on the first half, x*cos + partner*sin on the second, x past rot_dim;
-    products and sum rounded to DTYPE like the reference (which casts cos/sin to the activation dtype).
+    cos/sin, products and sum rounded to DTYPE like the reference. (For 16-bit DTYPEs LLVM may still
+    fuse the first product and the sum into one FMA, skipping that product's rounding: an ulp apart.)
     Returns float32 holding DTYPE values.
     """
     c = cos.to(DTYPE).to(tl.float32)[None, :]
