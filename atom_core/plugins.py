@@ -75,6 +75,11 @@ def hook() -> Any:
     return get_plugin_manager().hook
 
 
+# The host of the innermost HostMarker.scope() entered in this context: an explicit scope beats
+# process-wide claims, so e.g. a native LLM can run inside a process SGLang has claimed.
+_innermost_scope: ContextVar[str | None] = ContextVar("atom_innermost_host_scope", default=None)
+
+
 class HostMarker:
     """How a frontend says "my host drives this process / this scope".
 
@@ -97,9 +102,11 @@ class HostMarker:
     @contextlib.contextmanager
     def scope(self, active: bool = True) -> Iterator[None]:
         token = self._scoped.set(active)
+        inner = _innermost_scope.set(self.host if active else None)
         try:
             yield
         finally:
+            _innermost_scope.reset(inner)
             self._scoped.reset(token)
 
     def is_active(self) -> bool:
@@ -111,7 +118,8 @@ class HostMarker:
 
 
 def current_host() -> str:
-    """The host driving this process/scope: ATOM_HOST, else the one frontend that claims it."""
+    """The host driving this process/scope: ATOM_HOST, else the innermost explicit host scope,
+    else the one frontend that claims it (atom_detect_host)."""
     loaded = frontend_names()
     forced = os.environ.get("ATOM_HOST")
     if forced:
@@ -121,6 +129,9 @@ def current_host() -> str:
                 "install atom-core (pip install -e .) or fix ATOM_FRONTENDS/ATOM_DISABLE_FRONTENDS"
             )
         return forced
+    scoped = _innermost_scope.get()
+    if scoped is not None and scoped in loaded:
+        return scoped
     answers = [a for a in hook().atom_detect_host() if a]
     if len(answers) == 1:
         return answers[0]

@@ -24,7 +24,7 @@ def paged_attention(
     fn = dispatch.get("paged_attention", query.device)
     args = (query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale)
     kwargs = dict(sliding_window=sliding_window, k_scale=k_scale, v_scale=v_scale, out=out)
-    if dispatch.backend_for("paged_attention", query.device.type) != "torch":
+    if dispatch.backend("paged_attention", query.device) != "torch":
         kwargs.update(hints)
     return fn(*args, **kwargs)
 

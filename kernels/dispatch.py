@@ -46,8 +46,14 @@ def register(op: str, backend: str, target: str) -> None:
     if backend not in BACKENDS:
         raise ValueError(f"unknown kernel backend {backend!r}; choose one of {BACKENDS}")
     _IMPLS[op][backend] = target
+    reset()
+
+
+def reset() -> None:
+    """Forget every choice made so far (after register() or a change of ATOM_KERNEL_BACKEND)."""
     _load.cache_clear()
     backend_for.cache_clear()
+    _RESOLVED.clear()
 
 
 @functools.cache
@@ -85,8 +91,33 @@ def _load(target: str) -> Callable:
     return getattr(importlib.import_module(module), name)
 
 
+# (op, device type) → (backend, function). A plain dict on purpose: torch.compile (dynamo) traces a
+# dict lookup, but not functools.cache or importlib, and hosts like vLLM compile with fullgraph=True.
+_RESOLVED: dict[tuple[str, str], tuple[str, Callable]] = {}
+
+
+def resolve(device_type: str) -> None:
+    """Pick and import every op's implementation for `device_type` (done on first use)."""
+    for op in _IMPLS:
+        backend = backend_for(op, device_type)
+        _RESOLVED[(op, device_type)] = (backend, _load(_IMPLS[op][backend]))
+
+
+def _entry(op: str, device_type: str) -> tuple[str, Callable]:
+    entry = _RESOLVED.get((op, device_type))
+    if entry is None:
+        resolve(device_type)
+        entry = _RESOLVED[(op, device_type)]
+    return entry
+
+
 def get(op: str, device: torch.device) -> Callable:
-    return _load(_IMPLS[op][backend_for(op, device.type)])
+    return _entry(op, device.type)[1]
+
+
+def backend(op: str, device: torch.device) -> str:
+    """The backend get(op, device) runs (traceable, like get)."""
+    return _entry(op, device.type)[0]
 
 
 def describe(device_type: str) -> dict[str, str]:

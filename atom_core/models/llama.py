@@ -157,6 +157,8 @@ class LlamaForCausalLM(nn.Module):
         self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
         if self.tie_word_embeddings:
             self.lm_head.tie_to(self.model.embed_tokens)
+        # Pick the kernels now, outside any torch.compile trace (hosts compile with fullgraph=True).
+        atom_kernels.dispatch.resolve(self.lm_head.weight.device.type)
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(input_ids)

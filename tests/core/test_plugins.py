@@ -69,9 +69,21 @@ def test_scope_is_per_thread_context():
 
 def test_two_claimants_is_a_clear_error():
     plugins.get_plugin_manager().register(_Claimer("other"), name="other")
-    with NATIVE.scope():
+    NATIVE.activate_process()
+    try:
         with pytest.raises(RuntimeError, match=r"several frontends claim this process: \['native', 'other'\]"):
             plugins.current_host()
+    finally:
+        NATIVE.deactivate_process()
+
+
+def test_explicit_scope_beats_another_hosts_process_claim():
+    plugins.get_plugin_manager().register(_Claimer("other"), name="other")  # e.g. SGLang owns the process
+    assert plugins.current_host() == "other"
+    with NATIVE.scope():
+        assert plugins.current_host() == "native"
+        with NATIVE.scope(active=False):
+            assert plugins.current_host() == "other"
 
 
 def test_atom_host_overrides_detection(monkeypatch):

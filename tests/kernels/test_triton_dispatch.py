@@ -15,7 +15,7 @@ pytestmark = pytest.mark.gpu
 
 def test_every_op_has_and_uses_its_triton_kernel(monkeypatch):
     monkeypatch.delenv("ATOM_KERNEL_BACKEND", raising=False)
-    dispatch.backend_for.cache_clear()
+    dispatch.reset()
     for op in dispatch.OPS:
         assert dispatch.backend_for(op, "cuda") == "triton", op
         fn = dispatch.get(op, torch.device("cuda"))
