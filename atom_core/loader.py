@@ -55,9 +55,10 @@ def iterate_weights(path: str | os.PathLike) -> Iterator[tuple[str, torch.Tensor
                 yield name, f.get_tensor(name)
 
 
-def build_model(config: AtomConfig, device: torch.device) -> torch.nn.Module:
-    """Instantiate the registered class for the checkpoint's architecture (uninitialised weights)."""
-    cls = get_model_class(config.architecture)
+def build_model(config: AtomConfig, device: torch.device, architecture: str | None = None) -> torch.nn.Module:
+    """Instantiate the registered class for `architecture` (default: the checkpoint's), weights
+    uninitialised, in config.dtype on `device`."""
+    cls = get_model_class(architecture or config.architecture)
     prev = torch.get_default_dtype()
     torch.set_default_dtype(config.dtype)
     try:

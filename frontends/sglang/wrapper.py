@@ -15,24 +15,12 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from atom_core.config import AtomConfig
-from atom_core.models.registry import get_model_class
+from atom_core.loader import build_model
 from atom_core.plugins import current_platform, translate_config
 from atom_frontends.sglang.adapters import ModelAdapter, get_adapter
 from atom_frontends.sglang.bridge import forward_batch_context
 from atom_frontends.sglang.config import SGLangModelConfig
 from atom_frontends.sglang.hooks import HOST, SGLANG
-
-
-def _build_core(adapter: ModelAdapter, config: AtomConfig, device: torch.device) -> nn.Module:
-    cls = get_model_class(adapter.core_architecture)
-    prev = torch.get_default_dtype()
-    torch.set_default_dtype(config.dtype)
-    try:
-        with torch.device(device):
-            return cls(config).eval()
-    finally:
-        torch.set_default_dtype(prev)
 
 
 class AtomSGLangModel(nn.Module):
@@ -49,7 +37,7 @@ class AtomSGLangModel(nn.Module):
         with SGLANG.scope():
             self.atom_config = translate_config(host_config, host=HOST)
             platform = current_platform(HOST)
-            self.core = _build_core(self.adapter, self.atom_config, platform.device)
+            self.core = build_model(self.atom_config, platform.device, self.adapter.core_architecture)
         self._bind_layer_ids()
         self.config = config
         self.quant_config = quant_config
