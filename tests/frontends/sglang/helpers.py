@@ -13,13 +13,12 @@ ENGINE_ARGS = dict(device="cpu", dtype="float32", mem_fraction_static=0.05, max_
 
 
 def native_greedy(path, prompts: list[list[int]], max_tokens: int = NEW_TOKENS) -> list[list[int]]:
-    """atom-core's own engine. sglang.Engine marks this process as SGLang's: step out of that."""
+    """atom-core's own engine, in this process that sglang.Engine has marked as SGLang's: the native
+    engine's explicit host scope must win over that process-wide claim."""
     from atom_frontends.native import LLM, SamplingParams
-    from atom_frontends.sglang.hooks import SGLANG
 
-    with SGLANG.scope(False):
-        llm = LLM(str(path), block_size=8)
-        outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens), use_tqdm=False)
+    llm = LLM(str(path), block_size=8)
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens), use_tqdm=False)
     return [o.token_ids for o in outs]
 
 
