@@ -3,29 +3,40 @@
 For B x L in {32x4096, 128x2048, 8x16384}, 16 query / 8 KV heads, head_dim 128, bf16: our Triton decode
 reads a paged cache (block size 16, blocks shuffled); torch SDPA reads the same K/V stored contiguously
 ([B, kv_heads, L, d], GQA through enable_gqa, each SDPA backend that accepts it, and also with K/V
-expanded to 16 heads). Bandwidth = bytes of K+V actually read / time (triton.testing.do_bench, which
-flushes L2 between runs). The ratio is ours / the SDPA variant with the highest bandwidth (goal >= 0.9);
-fp8/bf16 is our decode time with an fp8 e4m3 cache over that with a bf16 cache (goal <= 0.6).
+expanded to 16 heads). Bandwidth = bytes of K+V actually read / time. The ratio is ours / the SDPA
+variant with the highest bandwidth (goal >= 0.9); fp8/bf16 is our decode time with an fp8 e4m3 cache
+over that with a bf16 cache (goal <= 0.6).
+
+Timing (gpu_times): every function is first called (compiling exactly the specialisation that is timed),
+then timed in ROUNDS rounds that interleave all functions of a shape, so a slow spell of the machine hits
+them alike. Within a round the host enqueues all reps behind a GPU sleep, so no host launch overhead is
+ever inside the CUDA events; L2 is flushed before every rep. Reported: the median over all reps, and the
+spread of the per-round medians (min..max), which says how far to trust a row.
 
     python benchmarks/attention_decode.py [--sweep] [--out FILE]
 
---sweep also times a grid of decode launch configs per shape (to tune decode_config).
+--sweep also times a grid of decode launch configs per shape (to tune decode_config); its kernels are
+compiled first in parallel worker processes (Triton's on-disk cache), so the GPU does not wait on them.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import datetime
 import functools
-import itertools
+import multiprocessing
+import os
 import re
+import statistics
 import sys
+import time
 import warnings
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-import triton.testing
+import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import atom_kernels
@@ -34,10 +45,28 @@ from atom_kernels.triton.attention_decode import decode_config, launch_decode
 
 SHAPES = [(32, 4096), (128, 2048), (8, 16384)]
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 16, 8, 128, 16
+ROUNDS, REPS = 5, 30  # main rows: 150 timed launches each
+SWEEP_ROUNDS, SWEEP_REPS = 2, 10
+FLUSH_BYTES = 256 << 20  # > 5x the H100's 50 MB L2
+FP8 = torch.float8_e4m3fn
+
+# --sweep grid per cache dtype: (block_n, num_warps, num_stages, v_regs, f16_dots[, maxnreg]). The former fp8
+# path (bf16 dots, V bytes gathered from shared memory) stays in as the baseline.
+SWEEP_SPLITS = (1, 2, 3, 4, 6, 8, 12)
+SWEEP = {
+    "bf16": [(64, 4, 2, False, True), (64, 4, 3, False, True), (64, 4, 4, False, True), (128, 4, 2, False, True),
+             (64, 8, 3, False, True), (128, 8, 3, False, True)],
+    "fp8": [(64, 4, 5, False, False), (64, 4, 3, False, False), (128, 4, 3, False, False),
+            (64, 4, 2, False, True), (64, 4, 3, False, True), (64, 4, 4, False, True), (64, 8, 3, False, True),
+            (128, 4, 3, False, True), (128, 8, 3, False, True),
+            (64, 4, 2, True, True), (64, 4, 3, True, True), (64, 4, 4, True, True), (64, 8, 2, True, True),
+            (64, 8, 3, True, True), (64, 8, 4, True, True), (128, 8, 2, True, True), (128, 8, 3, True, True),
+            (64, 8, 3, True, True, 80), (64, 8, 4, True, True, 80)],  # 80 registers: 3 programs of 8 warps per SM
+}
 
 
-def paged_inputs(b: int, seq: int, dtype: torch.dtype, g: torch.Generator):
-    """Contiguous K/V [b, kv_heads, seq, d] and the same values in a shuffled paged cache."""
+def paged_inputs(b: int, seq: int, g: torch.Generator):
+    """Contiguous K/V [b, kv_heads, seq, d] (bf16) and the same values in a shuffled paged cache."""
     dev = "cuda"
     k = torch.randn(b, KV_HEADS, seq, HEAD_DIM, device=dev, dtype=torch.bfloat16, generator=g)
     v = torch.randn(b, KV_HEADS, seq, HEAD_DIM, device=dev, dtype=torch.bfloat16, generator=g)
@@ -49,18 +78,78 @@ def paged_inputs(b: int, seq: int, dtype: torch.dtype, g: torch.Generator):
     for x in (k, v):
         # [b, kvh, blocks, BLOCK, d] → [b, blocks, BLOCK, kvh, d]
         blocks = x.view(b, KV_HEADS, per_seq, BLOCK, HEAD_DIM).permute(0, 2, 3, 1, 4)
-        cache = torch.empty(b * per_seq, BLOCK, KV_HEADS, HEAD_DIM, device=dev, dtype=dtype)
-        cache[perm] = blocks.reshape(-1, BLOCK, KV_HEADS, HEAD_DIM).to(dtype)
+        cache = torch.empty(b * per_seq, BLOCK, KV_HEADS, HEAD_DIM, device=dev, dtype=torch.bfloat16)
+        cache[perm] = blocks.reshape(-1, BLOCK, KV_HEADS, HEAD_DIM)
         caches.append(cache)
     return k, v, caches[0], caches[1], tables
 
 
-def bench(fn, rep: int = 200) -> float:
-    """Median milliseconds."""
-    return triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median")
+def gpu_times(fns: dict, rounds: int = ROUNDS, reps: int = REPS) -> tuple[dict, dict]:
+    """(name → GPU milliseconds of every timed launch, name → error of the functions that raised, e.g. out of
+    shared memory); see the module docstring for the method."""
+    live, failed = {}, {}
+    for name, fn in fns.items():
+        try:
+            fn()
+            fn()
+            torch.cuda.synchronize()
+            live[name] = fn
+        except Exception as e:  # noqa: BLE001 - reported by the caller
+            failed[name] = type(e).__name__
+    flush = torch.empty(FLUSH_BYTES, dtype=torch.int8, device="cuda")
+    host_s = {}  # host seconds of one rep (flush + launch): sizes the GPU sleep the reps queue up behind
+    for name, fn in live.items():
+        t = time.perf_counter()
+        for _ in range(3):
+            flush.zero_()
+            fn()
+        host_s[name] = (time.perf_counter() - t) / 3
+    torch.cuda.synchronize()
+    times: dict[str, list[float]] = {name: [] for name in live}
+    names = list(live)
+    for r in range(rounds):
+        order = names[r % len(names):] + names[:r % len(names)] if names else []
+        for name in order:
+            fn = live[name]
+            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                      for _ in range(reps)]
+            torch.cuda._sleep(int(sleep_rate() * (2 * reps * host_s[name] + 1e-3)))
+            gate = torch.cuda.Event()
+            gate.record()
+            for start, end in events:
+                flush.zero_()
+                start.record()
+                fn()
+                end.record()
+            if gate.query():  # the GPU caught up with the host: launch gaps may be inside the events
+                host_s[name] *= 4
+                print(f"  (host-bound round for {name}: sleeping longer from now on)", flush=True)
+            torch.cuda.synchronize()
+            times[name].extend(s.elapsed_time(e) for s, e in events)
+    return times, failed
+
+
+@functools.cache
+def sleep_rate() -> float:
+    """torch.cuda._sleep cycles per second on this GPU."""
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(1_000_000)
+    a.record()
+    torch.cuda._sleep(20_000_000)
+    b.record()
+    torch.cuda.synchronize()
+    return 20_000_000 / (a.elapsed_time(b) * 1e-3)
+
+
+def summary(ts: list, rounds: int) -> tuple[float, float, float]:
+    """(median ms, min and max of the per-round medians)."""
+    per = len(ts) // rounds
+    meds = [statistics.median(ts[i * per:(i + 1) * per]) for i in range(rounds)]
+    return statistics.median(ts), min(meds), max(meds)
 
 
 def ours(q, kc, vc, tables, seq_lens, qsl, seq, scales=(None, None)):
+    """Our decode through the public op (dispatcher, checks, decode_config: what a model step runs)."""
     hints = dict(max_query_len=1, max_seq_len=seq, num_decodes=q.shape[0], num_prefills=0)
     out = torch.empty_like(q)
     return lambda: atom_kernels.paged_attention(q, kc, vc, tables, seq_lens, qsl, HEAD_DIM**-0.5,
@@ -91,27 +180,87 @@ def gbps(nbytes: float, ms: float) -> float:
     return nbytes / (ms * 1e-3) / 1e9
 
 
-def check_close(q, k, v, fn) -> float:
-    """Max abs difference of our output vs SDPA on the same data (sanity, printed)."""
+def max_err(q, k, v, got) -> float:
+    """Max abs difference of our output vs fp32 SDPA on the same K/V values."""
     ref = F.scaled_dot_product_attention(q.unsqueeze(2).float(), k.float(), v.float(), enable_gqa=True)
-    return (fn().float() - ref.squeeze(2)).abs().max().item()
+    return (got.float() - ref.squeeze(2)).abs().max().item()
 
 
-def sweep(q, kc, vc, tables, seq_lens, qsl, scales, nbytes) -> list[tuple[float, str]]:
-    """(ms, description) of every decode launch config in a small grid, fastest first."""
-    results = []
+def sweep_fn(q, kc, vc, tables, seq_lens, qsl, scales, cfg, splits):
+    block_n, warps, stages, v_regs, f16, *maxnreg = cfg
     out = torch.empty_like(q)
-    for cfg in itertools.product((1, 2, 3, 4, 6, 8, 12, 16), (64, 128), (4,), (2, 3, 4, 5)):
-        name = "splits={:2d} block_n={:3d} warps={} stages={}".format(*cfg)
-        fn = functools.partial(launch_decode, q, kc, vc, tables, seq_lens, qsl,
-                               softmax_scale(HEAD_DIM**-0.5), 0, *scales, out, *cfg)
-        try:
-            ms = bench(fn, rep=40)
-        except Exception as e:  # e.g. out of shared memory for a big tile
-            results.append((float("inf"), f"{name}: {type(e).__name__}"))
-            continue
-        results.append((ms, f"{name}: {ms * 1e3:8.1f} us {gbps(nbytes, ms):6.0f} GB/s"))
-    return sorted(results)
+    return functools.partial(launch_decode, q, kc, vc, tables, seq_lens, qsl, softmax_scale(HEAD_DIM**-0.5), 0,
+                             *scales, out, splits, block_n, warps, stages, v_regs=v_regs, f16_dots=f16,
+                             maxnreg=maxnreg[0] if maxnreg else None)
+
+
+def cfg_name(cfg, splits) -> str:
+    block_n, warps, stages, v_regs, f16, *maxnreg = cfg
+    return (f"splits={splits:2d} block_n={block_n:3d} warps={warps} stages={stages} v_regs={int(v_regs)} "
+            f"f16_dots={int(f16)}" + (f" maxnreg={maxnreg[0]}" if maxnreg else ""))
+
+
+def _compile_configs(job: list[tuple[str, tuple, int]]) -> int:
+    """Worker: launch each (dtype, config, splits) once on a tiny problem with the same specialisation
+    (strides, alignment) as the benchmark's, which leaves the compiled kernels in Triton's disk cache."""
+    done = 0
+    try:
+        g = torch.Generator(device="cuda").manual_seed(0)
+        b, seq = 2, 512
+        q = torch.randn(b, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16, generator=g)
+        _, _, kc, vc, tables = paged_inputs(b, seq, g)
+        seq_lens = torch.full((b,), seq, dtype=torch.int32, device="cuda")
+        qsl = torch.arange(b + 1, dtype=torch.int32, device="cuda")
+        ones = torch.ones((), device="cuda")
+        inputs = {"bf16": (kc, vc, (None, None)), "fp8": (kc.to(FP8), vc.to(FP8), (ones, ones))}
+        for label, cfg, splits in job:
+            k8, v8, scales = inputs[label]
+            try:
+                sweep_fn(q, k8, v8, tables, seq_lens, qsl, scales, cfg, splits)()
+                done += 1
+            except Exception:  # noqa: BLE001 - e.g. out of shared memory: the timed run reports it
+                pass
+        torch.cuda.synchronize()
+    except Exception:  # noqa: BLE001 - e.g. no second CUDA context allowed: the main process compiles
+        pass
+    return done
+
+
+def precompile(workers: int) -> str:
+    """Compile the sweep's kernels in parallel processes; split counts other than 1 share one decode kernel
+    (the merge kernel varies with the power of two above the count), so each config stays in one worker."""
+    groups = [[(label, cfg, s) for s in (1, 2, 3, 6, 12)] for label, cfgs in SWEEP.items() for cfg in cfgs]
+    chunks = [sum(groups[i::workers], []) for i in range(workers)]
+    t = time.perf_counter()
+    try:
+        ctx = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+            done = sum(pool.map(_compile_configs, chunks))
+    except Exception as e:  # noqa: BLE001 - the sweep then compiles in-process
+        return f"precompile failed ({type(e).__name__}: {e}); compiling in the sweep"
+    n = sum(len(c) for c in chunks)
+    return f"precompiled {done}/{n} sweep launches in {workers} processes, {time.perf_counter() - t:.0f} s"
+
+
+def sweep(q, kc, vc, tables, seq_lens, qsl, scales, nbytes, label, default) -> list[str]:
+    """Lines: every config of SWEEP[label] x SWEEP_SPLITS, fastest first."""
+    fns = {(cfg, s): sweep_fn(q, kc, vc, tables, seq_lens, qsl, scales, cfg, s)
+           for cfg in SWEEP[label] for s in SWEEP_SPLITS}
+    times, failed = gpu_times(fns, SWEEP_ROUNDS, SWEEP_REPS)
+    rows = [(float("inf"), f"{cfg_name(cfg, s)}: {err}") for (cfg, s), err in failed.items()]
+    for (cfg, s), ts in times.items():
+        name = cfg_name(cfg, s)
+        med, lo, hi = summary(ts, SWEEP_ROUNDS)
+        mark = "  <- decode_config" if (cfg, s) == default else ""
+        rows.append((med, f"{name}: {med * 1e3:7.1f} us {gbps(nbytes, med):6.0f} GB/s "
+                          f"(rounds {lo * 1e3:.1f}..{hi * 1e3:.1f}){mark}"))
+    return [line for _, line in sorted(rows)]
+
+
+def as_key(cfg: dict) -> tuple:
+    """decode_config's dict as a sweep key (config tuple, splits)."""
+    key = (cfg["block_n"], cfg["num_warps"], cfg["num_stages"], cfg["v_regs"], True)
+    return key + ((cfg["maxnreg"],) if cfg.get("maxnreg") else ()), cfg["num_splits"]
 
 
 def main() -> None:
@@ -128,48 +277,62 @@ def main() -> None:
 
     gpu, versions = torch.cuda.get_device_name(), f"torch {torch.__version__}, triton {triton.__version__}"
     say(f"attention_decode {datetime.date.today()} {gpu}, {versions}")
-    say(f"heads {HEADS}/{KV_HEADS}, head_dim {HEAD_DIM}, bf16 queries, paged block size {BLOCK}")
+    say(f"heads {HEADS}/{KV_HEADS}, head_dim {HEAD_DIM}, bf16 queries, paged block size {BLOCK}; "
+        f"median of {ROUNDS} interleaved rounds x {REPS} launches, L2 flushed before each")
+    if args.sweep:
+        say(precompile(min(16, os.cpu_count() or 1)))
     g = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     for b, seq in SHAPES:
         q = torch.randn(b, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16, generator=g)
-        k, v, kc, vc, tables = paged_inputs(b, seq, torch.bfloat16, g)
+        k, v, kc, vc, tables = paged_inputs(b, seq, g)
         seq_lens = torch.full((b,), seq, dtype=torch.int32, device="cuda")
         qsl = torch.arange(b + 1, dtype=torch.int32, device="cuda")
         kv_bytes = 2 * k.numel() * k.element_size()
+        ones = torch.ones((), device="cuda")
+        kc8, vc8 = kc.to(FP8), vc.to(FP8)
         fn = ours(q, kc, vc, tables, seq_lens, qsl, seq)
-        err = check_close(q, k, v, fn)
-        t_ours = bench(fn)
+        fn8 = ours(q, kc8, vc8, tables, seq_lens, qsl, seq, (ones, ones))
+        err = max_err(q, k, v, fn())
+        err8 = max_err(q, k.to(FP8), v.to(FP8), fn8())  # vs SDPA on the same (fp8-rounded) values
         with warnings.catch_warnings():  # SDPA explains at length why a backend declines GQA
             warnings.simplefilter("ignore")
-            peers = {name: (bench(f), mult) for name, (f, mult) in sdpa_variants(q, k, v).items()}
-        # the peer: the SDPA variant with the highest achieved bandwidth (bytes it reads / its time)
-        best_name, (t_peer, mult) = max(peers.items(), key=lambda kv: kv[1][1] / kv[1][0])
-        ones = torch.ones((), device="cuda")
-        kc8, vc8 = kc.to(torch.float8_e4m3fn), vc.to(torch.float8_e4m3fn)
-        t_fp8 = bench(ours(q, kc8, vc8, tables, seq_lens, qsl, seq, (ones, ones)))
+            peers = sdpa_variants(q, k, v)
+            fns = {"ours (paged, bf16 KV)": fn, "ours (paged, fp8 KV)": fn8} | {n: f for n, (f, _) in peers.items()}
+            timed, failed = gpu_times(fns)
+        assert not failed, failed
+        times = {n: summary(ts, ROUNDS) for n, ts in timed.items()}
+        mult = {n: m for n, (_, m) in peers.items()} | {"ours (paged, bf16 KV)": 1, "ours (paged, fp8 KV)": 0.5}
         cfg = decode_config(b, KV_HEADS, seq, HEAD_DIM, q.device)
-        cfg8 = decode_config(b, KV_HEADS, seq, HEAD_DIM, q.device, torch.float8_e4m3fn)
-        say(f"\nB={b} L={seq}: KV {kv_bytes / 1e6:.0f} MB (bf16), max|ours - sdpa| {err:.2e}")
+        cfg8 = decode_config(b, KV_HEADS, seq, HEAD_DIM, q.device, FP8)
+        say(f"\nB={b} L={seq}: KV {kv_bytes / 1e6:.0f} MB (bf16), max|ours - sdpa| bf16 KV {err:.2e}, "
+            f"fp8 KV {err8:.2e} (SDPA on the fp8 values)")
         say(f"  decode_config bf16 {cfg}, fp8 {cfg8}")
-        for name, (t, m) in peers.items():
-            say(f"  {name:28s} {t * 1e3:8.1f} us  {gbps(m * kv_bytes, t):6.0f} GB/s")
-        say(f"  {'ours (paged, bf16 KV)':28s} {t_ours * 1e3:8.1f} us  {gbps(kv_bytes, t_ours):6.0f} GB/s")
-        say(f"  {'ours (paged, fp8 KV)':28s} {t_fp8 * 1e3:8.1f} us  {gbps(kv_bytes / 2, t_fp8):6.0f} GB/s")
+        say(f"  {'':28s} {'median':>8s}  {'GB/s':>6s}   per-round medians")
+        for name, (t, lo, hi) in times.items():
+            say(f"  {name:28s} {t * 1e3:8.1f} us {gbps(mult[name] * kv_bytes, t):6.0f}   "
+                f"{lo * 1e3:.1f}..{hi * 1e3:.1f} us ({(hi - lo) / t:.1%})")
         if args.sweep:
-            for label, caches, scales, nbytes in (("bf16", (kc, vc), (None, None), kv_bytes),
-                                                  ("fp8", (kc8, vc8), (ones, ones), kv_bytes / 2)):
-                say(f"  sweep, {label} KV (fastest first):")
-                for _, line in sweep(q, *caches, tables, seq_lens, qsl, scales, nbytes):
+            for label, caches, scales, nbytes, c in (("bf16", (kc, vc), (None, None), kv_bytes, cfg),
+                                                     ("fp8", (kc8, vc8), (ones, ones), kv_bytes / 2, cfg8)):
+                say(f"  sweep, {label} KV (fastest first; median of {SWEEP_ROUNDS} x {SWEEP_REPS}):")
+                for line in sweep(q, *caches, tables, seq_lens, qsl, scales, nbytes, label, as_key(c)):
                     say("    " + line)
-        peer_bw = gbps(mult * kv_bytes, t_peer)
-        rows.append((b, seq, gbps(kv_bytes, t_ours), best_name, peer_bw, t_fp8 / t_ours))
-        del k, v, kc, vc, kc8, vc8
+        best = max(peers, key=lambda n: mult[n] / times[n][0])  # the SDPA variant with the highest bandwidth
+        t_ours, t_fp8 = times["ours (paged, bf16 KV)"][0], times["ours (paged, fp8 KV)"][0]
+        spread = max((hi - lo) / t for t, lo, hi in (times["ours (paged, bf16 KV)"], times[best]))
+        rows.append((b, seq, gbps(kv_bytes, t_ours), gbps(kv_bytes / 2, t_fp8), best,
+                     gbps(mult[best] * kv_bytes, times[best][0]), t_fp8 / t_ours, spread))
+        del k, v, kc, vc, kc8, vc8, fns, peers
         torch.cuda.empty_cache()
 
-    say("\n   B x L      ours GB/s  SDPA GB/s  (best SDPA variant)           fp8/bf16 time  ours/SDPA")
-    for b, seq, bw, name, peer, fp8 in rows:
-        say(f"{b:4d} x {seq:<6d} {bw:9.0f}  {peer:9.0f}  ({name:26s})  {fp8:13.2f}  {bw / peer:9.2f}")
+    say("\n   B x L      ours GB/s  fp8 GB/s  SDPA GB/s  (best SDPA variant)       fp8/bf16 time  ours/SDPA  "
+        "round spread")
+    for b, seq, bw, bw8, name, peer, fp8, spread in rows:
+        say(f"{b:4d} x {seq:<6d} {bw:9.0f} {bw8:9.0f}  {peer:9.0f}  ({name:22s})  {fp8:13.2f}  {bw / peer:9.2f}  "
+            f"{spread:11.1%}")
+    say("(fp8 GB/s: fp8 bytes read / time; round spread: max of (max - min) / median of the per-round medians of "
+        "ours bf16 and the SDPA peer)")
     slug = re.sub(r"[^A-Za-z0-9]+", "-", gpu).strip("-")
     name = f"attention_decode-{datetime.date.today()}-{slug}.txt"
     path = Path(args.out or Path(__file__).parent / "results" / name)

@@ -47,6 +47,42 @@ def checkpoint(path: str | None) -> str:
     return str(p)
 
 
+class JitWatch:
+    """Counts Triton JIT compilations (in-process cache misses, disk-cache loads included) and their seconds
+    inside a with-block: a timed region should report none."""
+
+    def __init__(self) -> None:
+        self.count, self.seconds, self._t0 = 0, 0.0, None
+        try:
+            import triton
+            self.knobs = triton.knobs.runtime
+        except (ImportError, AttributeError):  # triton missing or without knobs: nothing to watch
+            self.knobs = None
+
+    def _before(self, **kw):
+        self._t0 = time.perf_counter()
+        return None  # falsy: go on compiling
+
+    def _after(self, **kw):
+        self.count += 1
+        if self._t0 is not None:
+            self.seconds += time.perf_counter() - self._t0
+        return None
+
+    def __enter__(self):
+        if self.knobs is not None:
+            self._saved = (self.knobs.jit_cache_hook, self.knobs.jit_post_compile_hook)
+            self.knobs.jit_cache_hook, self.knobs.jit_post_compile_hook = self._before, self._after
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.knobs is not None:
+            self.knobs.jit_cache_hook, self.knobs.jit_post_compile_hook = self._saved
+
+    def __str__(self) -> str:
+        return f"{self.count} ({self.seconds:.1f} s)" if self.knobs is not None else "not watched"
+
+
 def timed(fn):
     torch.cuda.synchronize()
     t = time.perf_counter()
@@ -124,9 +160,12 @@ def native_decode(llm, prompts) -> tuple[float, float, list[list[int]]]:
         return llm.generate(ps, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True), use_tqdm=False)
 
     gen(4, [p[::-1] for p in prompts])  # warm-up: JIT-compiles the prefill kernels
-    _, t1 = timed(lambda: gen(1))
-    timer = GraphTimer(llm)
-    outs, tn = timed(lambda: gen(NEW))
+    with JitWatch() as jit:
+        _, t1 = timed(lambda: gen(1))
+        timer = GraphTimer(llm)
+        outs, tn = timed(lambda: gen(NEW))
+    if jit.count:
+        print(f"  note: Triton compiled {jit} inside the timed batch-{len(prompts)} decode")
     graph_ms = timer.seconds() * 1e3 / max(len(timer.events), 1)
     return len(prompts) * (NEW - 1) / (tn - t1), graph_ms, [o.token_ids for o in outs]
 
@@ -211,7 +250,8 @@ def throughput(path: str) -> None:
     warm = [p[::-1] for p in prompts]
     llm.generate(warm, SamplingParams(temperature=1.0, max_tokens=2, ignore_eos=True), use_tqdm=False)
     timer = GraphTimer(llm)
-    outs, t = timed(lambda: llm.generate(prompts, params, use_tqdm=False))
+    with JitWatch() as jit:
+        outs, t = timed(lambda: llm.generate(prompts, params, use_tqdm=False))
     n_out = sum(len(o.token_ids) for o in outs)
     assert n_out == sum(o for _, o in lens)
     n_in = sum(p for p, _ in lens)
@@ -228,6 +268,7 @@ def throughput(path: str) -> None:
     print(f"decode graphs: {len(timer.events)} replays, {graph_s:.2f} s on the GPU ({graph_s / t:.0%} of the run); "
           f"the rest is eager prefill steps, logits + sampling and host work")
     print(f"decode graph GPU time per replay by padded batch size: {timer.by_size()}")
+    print(f"Triton JIT compilations inside the timed run: {jit}")
     print(f"\n{'metric':<22} {'native':>10} {'goal':>8} {'native/goal':>12}")
     print(f"{'output tok/s':<22} {n_out / t:>10.0f} {13000:>8} {n_out / t / 13000:>12.2f}")
     print(f"{'total tok/s':<22} {(n_in + n_out) / t:>10.0f}")

@@ -6,6 +6,17 @@ more than one split, a second kernel merges the per-split partial outputs by the
 Sequences whose query length is not 1 are left to the prefill kernel (their programs exit at once).
 The split count only tunes parallelism: every split size is derived in-kernel from the real seq_len,
 so a grid sized from a stale max_seq_len hint (e.g. under a CUDA graph) still covers every key.
+
+fp8 (e4m3) caches are dequantised by the per-tensor scales applied to the scores (k_scale) and to the
+output (v_scale), never per element; per element there is only the dtype conversion for the tensor-core
+dots. With bf16 queries those dots run in fp16: on sm_90 e4m3 -> fp16 is one conversion per two elements
+(F2FP), e4m3 -> bf16 goes through fp16 and adds one quarter-rate F2F per element, which bounded the fp8
+kernel (ptxas: 988 -> 822 instructions per 64-key tile). fp16 holds e4m3 exactly and P in [0, 1] more
+precisely than bf16; the query is scaled by softmax_scale * log2(e) first, which keeps it in fp16's range.
+V_REGS (option, off by default): V tiles are loaded into registers one tile ahead and converted to fp16
+before the dot, which then reads them from shared memory with ldmatrix.trans; left to the pipeliner, fp8 V
+sits in shared memory as bytes and P @ V gathers them with one LDS.U8 per element (V is key-major, the dot
+reduces over keys). Fewer instructions (695 vs 822 per tile), but not faster on the H100 in the sweep.
 """
 
 from __future__ import annotations
@@ -29,7 +40,7 @@ def _decode_kernel(
     skc_b, skc_t, skc_h, skc_d, svc_b, svc_t, svc_h, svc_d,
     HEAD_DIM, GROUP, NUM_HEADS,
     BLOCK_SIZE: tl.constexpr, G_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_SCALE: tl.constexpr, SPLIT: tl.constexpr,
+    HAS_SCALE: tl.constexpr, SPLIT: tl.constexpr, DOT_F16: tl.constexpr, V_REGS: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -51,6 +62,9 @@ def _decode_kernel(
     qg_mask = (g < GROUP)[:, None] & d_mask[None, :]
     q = tl.load(q_ptr + q_start * sq_t + heads[:, None] * sq_h + d[None, :] * sq_d, mask=qg_mask, other=0.0)
     qk = qk_scale
+    if DOT_F16:  # fp8 K/V, bf16 q: dots in fp16 (see the module docstring); q pre-scaled into fp16's range
+        q = (q.to(tl.float32) * qk_scale).to(tl.float16)
+        qk = 1.0
     if HAS_SCALE:
         qk = qk * tl.load(k_scale_ptr).to(tl.float32)
     m = tl.full([G_PAD], float("-inf"), tl.float32)
@@ -61,14 +75,28 @@ def _decode_kernel(
     v_off = kvh.to(tl.int64) * svc_h
     n = start + tl.arange(0, BLOCK_N)
     blk = load_block_ids(bt_row, s_btc, n, n < end, BLOCK_SIZE)
-    for n0 in range(start, end, BLOCK_N):  # every tile holds >= 1 valid key, so m stays finite
-        n = n0 + tl.arange(0, BLOCK_N)
-        n_mask = n < end
-        blk_next = load_block_ids(bt_row, s_btc, n + BLOCK_N, n + BLOCK_N < end, BLOCK_SIZE)
-        k = load_kv_tile(kc_ptr, blk, n, n_mask, k_off, skc_b, skc_t, skc_d, d, d_mask, BLOCK_SIZE)
-        v = load_kv_tile(vc_ptr, blk, n, n_mask, v_off, svc_b, svc_t, svc_d, d, d_mask, BLOCK_SIZE)
-        m, den, acc = attend_tile(q, k, v, n_mask[None, :], m, den, acc, qk)
-        blk = blk_next
+    if V_REGS:  # V one tile ahead in registers (K still pipelined through shared memory)
+        v = load_kv_tile(vc_ptr, blk, n, n < end, v_off, svc_b, svc_t, svc_d, d, d_mask, BLOCK_SIZE)
+        for n0 in range(start, end, BLOCK_N):  # every tile holds >= 1 valid key, so m stays finite
+            n = n0 + tl.arange(0, BLOCK_N)
+            n_mask = n < end
+            n_next = n + BLOCK_N
+            blk_next = load_block_ids(bt_row, s_btc, n_next, n_next < end, BLOCK_SIZE)
+            k = load_kv_tile(kc_ptr, blk, n, n_mask, k_off, skc_b, skc_t, skc_d, d, d_mask, BLOCK_SIZE)
+            v_next = load_kv_tile(vc_ptr, blk_next, n_next, n_next < end, v_off, svc_b, svc_t, svc_d, d, d_mask,
+                                  BLOCK_SIZE)
+            m, den, acc = attend_tile(q, k, v.to(q.dtype), n_mask[None, :], m, den, acc, qk)
+            v = v_next
+            blk = blk_next
+    else:
+        for n0 in range(start, end, BLOCK_N):  # every tile holds >= 1 valid key, so m stays finite
+            n = n0 + tl.arange(0, BLOCK_N)
+            n_mask = n < end
+            blk_next = load_block_ids(bt_row, s_btc, n + BLOCK_N, n + BLOCK_N < end, BLOCK_SIZE)
+            k = load_kv_tile(kc_ptr, blk, n, n_mask, k_off, skc_b, skc_t, skc_d, d, d_mask, BLOCK_SIZE)
+            v = load_kv_tile(vc_ptr, blk, n, n_mask, v_off, svc_b, svc_t, svc_d, d, d_mask, BLOCK_SIZE)
+            m, den, acc = attend_tile(q, k, v, n_mask[None, :], m, den, acc, qk)
+            blk = blk_next
     if HAS_SCALE:
         acc = acc * tl.load(v_scale_ptr).to(tl.float32)
     o = acc / tl.where(den > 0, den, 1.0)[:, None]
@@ -114,20 +142,26 @@ def num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-# Decode programs resident per SM with the configs below (ptxas, sm_90: 16-bit KV 128 registers/thread
-# and 72 KB smem at 3 stages; fp8 KV 168 registers and 72 KB at 5 stages). Both keep ~192 KB of K/V
-# loads in flight per SM, which a decode step needs to run at HBM speed.
-PROGRAMS_PER_SM = 3
+# Split-count target: programs per SM. ptxas (sm_90, head_dim 128) allows 3 resident programs of the 16-bit
+# config below (142 registers, 70 KB smem) and 2 of the fp8 one (block_n 128: 255 registers), but on the H100
+# two per SM already saturate HBM: splitting 256 programs to fill 3 slots per SM was 4% slower than not
+# splitting (32 x 4096: 203 vs 195 us; 8 x 16384: 6 splits 203 us, 4 splits 199 us).
+PROGRAMS_PER_SM = 2
 
 
 def decode_config(num_seqs: int, kv_heads: int, max_seq_len: int, head_dim: int, device,
                   cache_dtype=torch.bfloat16, query_dtype=torch.bfloat16) -> dict:
-    """Tile and pipeline depth by dtype (fp8 tiles are half the bytes: two more stages), and splits."""
+    """Tile, warps, pipeline depth by dtype, and the split count (sweeps: benchmarks/attention_decode.py).
+
+    fp8 takes 128-key tiles (the bytes of a 16-bit 64-key tile) with 3 stages: the fastest in the H100 sweep on
+    all three benchmark shapes (1-7% ahead of 64-key tiles; the former 5 stages were slower). V through registers
+    (v_regs) was faster on one shape only, so it stays off.
+    """
     fp8 = cache_dtype.itemsize == 1
-    block_n = 32 if query_dtype == torch.float32 or head_dim > 128 else 64
+    block_n = 32 if query_dtype == torch.float32 or head_dim > 128 else (128 if fp8 else 64)
     splits = pick_splits(num_seqs * kv_heads, PROGRAMS_PER_SM * num_sms(device),
                          triton.cdiv(max(max_seq_len, 1), 512))
-    return dict(num_splits=splits, block_n=block_n, num_warps=4, num_stages=5 if fp8 else 3)
+    return dict(num_splits=splits, block_n=block_n, num_warps=4, num_stages=3, v_regs=False)
 
 
 def pick_splits(programs: int, slots: int, max_splits: int) -> int:
@@ -148,8 +182,14 @@ def pick_splits(programs: int, slots: int, max_splits: int) -> int:
 
 
 def launch_decode(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, qk_scale, window,
-                  k_scale, v_scale, out, num_splits, block_n, num_warps, num_stages) -> None:
-    """Run the decode kernel (+ merge) for the one-token sequences of the batch; arguments pre-checked."""
+                  k_scale, v_scale, out, num_splits, block_n, num_warps, num_stages, v_regs=False,
+                  f16_dots=True, maxnreg=None) -> None:
+    """Run the decode kernel (+ merge) for the one-token sequences of the batch; arguments pre-checked.
+
+    v_regs: V tiles through registers (see the module docstring; meant for fp8 caches). f16_dots=False keeps
+    bf16 dots for fp8 caches with bf16 queries (the slower former path, for comparison). maxnreg: a register
+    cap per thread (ptxas), to fit more programs per SM.
+    """
     num_seqs = seq_lens.shape[0]
     _, heads, head_dim = query.shape
     kv_heads = k_cache.shape[2]
@@ -166,7 +206,9 @@ def launch_decode(query, k_cache, v_cache, block_tables, seq_lens, query_start_l
         qk_scale, window, num_splits, *query.stride(), *out.stride(), *block_tables.stride(),
         *k_cache.stride(), *v_cache.stride(), head_dim, group, heads,
         BLOCK_SIZE=k_cache.shape[1], G_PAD=pow2(group, 16), D_PAD=pow2(head_dim, 16), BLOCK_N=block_n,
-        HAS_SCALE=scaled, SPLIT=split, num_warps=num_warps, num_stages=num_stages,
+        HAS_SCALE=scaled, SPLIT=split, V_REGS=v_regs,
+        DOT_F16=f16_dots and k_cache.dtype.itemsize == 1 and query.dtype == torch.bfloat16,
+        num_warps=num_warps, num_stages=num_stages, **({"maxnreg": maxnreg} if maxnreg else {}),
     )
     if split:
         _merge_kernel[(num_seqs, heads)](

@@ -146,6 +146,21 @@ def test_decode_split_counts(dtype, num_splits, block_n):
     check(out, expected(b), dtype)
 
 
+@pytest.mark.parametrize("dtype", [BF16, F16], ids=ids)
+@pytest.mark.parametrize("num_splits, block_n, num_warps, v_regs, f16_dots", [
+    (1, 64, 4, True, True), (3, 32, 8, True, True), (40, 16, 4, True, True), (3, 64, 8, False, True),
+    (2, 64, 4, False, False)])
+def test_decode_fp8_launch_variants(dtype, num_splits, block_n, num_warps, v_regs, f16_dots):
+    """fp8 K/V: V through registers or shared memory, fp16 or query-dtype dots, any split count."""
+    specs = [(300, 1), (1, 1), (129, 1), (64, 1), (1000, 1)]
+    b, _ = make_batch(specs, 16, 2, 128, 16, dtype, FP8, seed=num_splits + block_n)
+    out = torch.full_like(b["query"], float("nan"))
+    qk_scale = softmax_scale(128**-0.5)
+    launch_decode(*positional(b)[:-1], qk_scale, 0, b["k_scale"], b["v_scale"], out, num_splits, block_n,
+                  num_warps, 3, v_regs=v_regs, f16_dots=f16_dots)
+    check(out, expected(b), dtype)
+
+
 @pytest.mark.parametrize("hints", [
     {},  # no hints: both kernels launched, splits sized from the block table
     dict(max_query_len=512, max_seq_len=4096, num_decodes=8, num_prefills=8),  # loose upper bounds (graphs)
