@@ -67,7 +67,13 @@ def _worker(rank, world, path, port, queue):
         logits = model.compute_logits(model(ids, md.positions))
     if rank == 0:
         queue.put(logits.tolist())  # plain data: a shared-memory tensor dies with this process
+        queue.close()
+        queue.join_thread()  # the data is in the pipe before this process goes
+    dist.barrier()
     dist.destroy_process_group()
+    # Skip interpreter teardown: gloo's threads can abort ("terminate called without an active
+    # exception") while C++ statics are destroyed, after all the work above succeeded.
+    os._exit(0)
 
 
 @pytest.mark.parametrize("arch, overrides", [
