@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
 def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> torch.Tensor:
@@ -69,14 +70,19 @@ def _mask(q_pos: torch.Tensor, k_pos: torch.Tensor, sliding_window: int | None) 
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
-    """q [..., q_len, heads, d]; k, v [..., seq, kv_heads, d]; mask broadcastable to [..., heads, q_len, seq]."""
-    group = q.shape[-2] // k.shape[-2]
-    q = q.float().transpose(-3, -2)  # [..., heads, q_len, d]
-    k = k.transpose(-3, -2).repeat_interleave(group, dim=-3)  # [..., heads, seq, d]
-    v = v.transpose(-3, -2).repeat_interleave(group, dim=-3)
-    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
-    probs = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
-    return torch.matmul(probs, v).transpose(-3, -2)  # [..., q_len, heads, d]
+    """q [..., q_len, heads, d]; k, v [..., seq, kv_heads, d]; mask broadcastable to [..., heads, q_len, seq].
+
+    torch SDPA in float32 with GQA grouping (no repeated K/V copies); its mask is True where a key IS seen.
+    """
+    out = F.scaled_dot_product_attention(
+        q.float().transpose(-3, -2),  # [..., heads, q_len, d]
+        k.transpose(-3, -2),  # [..., kv_heads, seq, d]
+        v.transpose(-3, -2),
+        attn_mask=~mask,
+        scale=scale,
+        enable_gqa=q.shape[-2] != k.shape[-2],
+    )
+    return out.transpose(-3, -2)  # [..., q_len, heads, d]
 
 
 def _decode_batch(q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, k_scale, v_scale):
@@ -88,7 +94,9 @@ def _decode_batch(q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_wi
     v = _dequant(v_cache[tables].flatten(1, 2)[:, :max_len], v_scale)
     k_pos = torch.arange(max_len).view(1, 1, 1, -1)
     q_pos = (seq_lens.long() - 1).view(-1, 1, 1, 1)
-    # Rows past a sequence's end hold whatever the cache has (maybe NaN): 0 * NaN would leak.
-    v = v.masked_fill((k_pos > q_pos).view(-1, max_len, 1, 1), 0.0)
+    # Rows past a sequence's end hold whatever the cache has (maybe NaN): SDPA's mask adds -inf to the
+    # scores and 0 * NaN would leak, so zero them.
+    padding = (k_pos > q_pos).view(-1, max_len, 1, 1)
+    k, v = k.masked_fill(padding, 0.0), v.masked_fill(padding, 0.0)
     mask = _mask(q_pos, k_pos, sliding_window)  # [B, 1, 1, max_len]; also hides the padding
     return _attend(q.unsqueeze(1), k, v, mask, scale).squeeze(1)
