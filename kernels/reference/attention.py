@@ -89,14 +89,15 @@ def _decode_batch(q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_wi
     """q [B, heads, d], one query per sequence at position seq_len - 1 → [B, heads, d]."""
     block_size = k_cache.shape[1]
     max_len = int(seq_lens.max())
-    tables = block_tables[:, : -(-max_len // block_size)].long()
-    k = _dequant(k_cache[tables].flatten(1, 2)[:, :max_len], k_scale)  # [B, max_len, kv_heads, d]
-    v = _dequant(v_cache[tables].flatten(1, 2)[:, :max_len], v_scale)
-    k_pos = torch.arange(max_len).view(1, 1, 1, -1)
-    q_pos = (seq_lens.long() - 1).view(-1, 1, 1, 1)
-    # Rows past a sequence's end hold whatever the cache has (maybe NaN): SDPA's mask adds -inf to the
-    # scores and 0 * NaN would leak, so zero them.
-    padding = (k_pos > q_pos).view(-1, max_len, 1, 1)
-    k, v = k.masked_fill(padding, 0.0), v.masked_fill(padding, 0.0)
-    mask = _mask(q_pos, k_pos, sliding_window)  # [B, 1, 1, max_len]; also hides the padding
+    k_pos = torch.arange(max_len).view(1, -1)  # [1, max_len]
+    q_pos = (seq_lens.long() - 1).view(-1, 1)  # [B, 1]
+    # Positions past a sequence's end read its position 0 instead of whatever the cache holds there
+    # (maybe NaN, which the mask would not cancel); the mask hides them either way.
+    pos = k_pos.masked_fill(k_pos > q_pos, 0)  # [B, max_len]
+    blocks = block_tables.long().gather(1, pos // block_size)
+    offsets = pos % block_size
+    # Two index tensors gather [B, max_len, kv_heads, d] without copying a strided (vLLM/SGLang) cache.
+    k = _dequant(k_cache[blocks, offsets], k_scale)
+    v = _dequant(v_cache[blocks, offsets], v_scale)
+    mask = _mask(q_pos.view(-1, 1, 1, 1), k_pos.view(1, 1, 1, -1), sliding_window)  # [B, 1, 1, max_len]
     return _attend(q.unsqueeze(1), k, v, mask, scale).squeeze(1)
