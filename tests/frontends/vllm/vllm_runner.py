@@ -39,6 +39,8 @@ def inspect_worker(model) -> dict:
         # (rank, size) a tensor-parallel linear layer got (ours: from the Platform, i.e. vLLM's groups)
         "tp": next(([m.tp_rank, m.tp_size] for m in model.modules() if hasattr(m, "tp_rank")), None),
         "atom_host": host,
+        # vLLM's torch.compile wrapper around atom-core's decoder (None: not an atom-core model)
+        "decoder_compiled": (not model.decoder.do_not_compile) if hasattr(model, "core") else None,
         "platform_class": f"{type(current_platform).__module__}.{type(current_platform).__qualname__}",
     }
 
