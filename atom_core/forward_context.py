@@ -32,6 +32,9 @@ class AttentionMetadata:
     num_decode_tokens: int
     block_size: int
     extra: dict[str, Any] = field(default_factory=dict)  # host-specific, never read by the core
+    # Kernels' per-step memo (e.g. the torch reference's gather plan, made once and shared by every
+    # layer). Valid for one step only: a host that reuses a metadata object across steps clears it.
+    scratch: dict[Any, Any] = field(default_factory=dict)
 
     @property
     def num_seqs(self) -> int:

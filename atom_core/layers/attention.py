@@ -79,6 +79,6 @@ def attention_forward(
         sliding_window=spec.sliding_window, k_scale=k_scale, v_scale=v_scale,
         out=None if out is None else out.view(t, spec.num_heads, spec.head_dim),
         max_query_len=md.max_query_len, max_seq_len=md.max_seq_len,
-        num_decodes=md.num_decodes, num_prefills=md.num_prefills,
+        num_decodes=md.num_decodes, num_prefills=md.num_prefills, plan_cache=md.scratch,
     )
     return o.reshape(t, spec.num_heads * spec.head_dim)

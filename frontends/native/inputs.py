@@ -138,7 +138,9 @@ class InputBuilder:
         key = (size, n_logits)
         if key not in self._graph_cache:
             self._graph_cache[key] = self.views(size, size, self.width, n_logits, (1, self.max_model_len, size, 0))
-        return self._graph_cache[key]
+        views = self._graph_cache[key]
+        views.metadata.scratch.clear()  # the same metadata object serves every step of this size
+        return views
 
     def _copy(self, n64: int, n32: int) -> None:
         if self.copied is None:

@@ -55,9 +55,18 @@ def test_paged_attention_matches_sdpa(block_size, heads, kv_heads, window):
     for i, c in enumerate(caches):
         table[i, : len(c[2])] = c[2] + offsets[i]
     qsl = torch.tensor([0] + [q for _, q in seqs]).cumsum(0).int()
-    out = ref.paged_attention(torch.cat(qs), kc, vc, table, torch.tensor([s for s, _ in seqs]).int(), qsl, 0.3,
-                              sliding_window=window)
+    lens = torch.tensor([s for s, _ in seqs]).int()
+    out = ref.paged_attention(torch.cat(qs), kc, vc, table, lens, qsl, 0.3, sliding_window=window)
     torch.testing.assert_close(out, torch.cat(outs_expected), rtol=1e-5, atol=1e-5)
+    # A step's plan made by one layer (with or without a window) and reused by the next layers.
+    plan_cache = {}
+    other = None if window else 5
+    ref.paged_attention(torch.cat(qs), kc, vc, table, lens, qsl, 0.3, sliding_window=other, plan_cache=plan_cache)
+    for _ in range(2):
+        out = ref.paged_attention(torch.cat(qs), kc, vc, table, lens, qsl, 0.3, sliding_window=window,
+                                  plan_cache=plan_cache)
+        torch.testing.assert_close(out, torch.cat(outs_expected), rtol=1e-5, atol=1e-5)
+    assert len(plan_cache) == 2  # one plan per (block size, window), made once
 
 
 def test_write_kv_cache_skips_padding_and_reads_strided_views():
