@@ -61,7 +61,10 @@ SWEEP = {
             (128, 4, 3, False, True), (128, 8, 3, False, True),
             (64, 4, 2, True, True), (64, 4, 3, True, True), (64, 4, 4, True, True), (64, 8, 2, True, True),
             (64, 8, 3, True, True), (64, 8, 4, True, True), (128, 8, 2, True, True), (128, 8, 3, True, True),
-            (64, 8, 3, True, True, 80), (64, 8, 4, True, True, 80)],  # 80 registers: 3 programs of 8 warps per SM
+            (64, 8, 3, True, True, 80), (64, 8, 4, True, True, 80),  # 80 registers: 3 programs of 8 warps per SM
+            # deeper pipelines / bigger tiles for fp8 (more bytes in flight per program)
+            (128, 4, 2, False, True), (128, 4, 4, False, True), (128, 8, 4, False, True),
+            (256, 8, 2, False, True), (256, 8, 3, False, True), (256, 4, 2, False, True)],
 }
 
 
