@@ -2,7 +2,7 @@
 
 Both run on real SGLang pools and ForwardBatches in identical states: same outputs, same KV writes,
 for EXTEND over cached prefixes, DECODE, MIXED, IDLE, with sliding windows and GQA, for SGLang's own
-RadixAttention layers and for atom-core's layer class alike.
+RadixAttention layers and for atom-core's layer class alike, on float32 and bfloat16 pools.
 """
 
 from __future__ import annotations
@@ -36,9 +36,10 @@ def _layer(kind: str, window: int | None):
     return SGLangAttention(spec)
 
 
-def _two_runners():
+def _two_runners(dtype=torch.float32):
     """Our runner and the oracle's: identical pools holding random K/V for every slot already."""
-    ours, theirs = make_runner(LAYERS, KV_HEADS, HEAD_DIM), make_runner(LAYERS, KV_HEADS, HEAD_DIM)
+    ours = make_runner(LAYERS, KV_HEADS, HEAD_DIM, dtype=dtype)
+    theirs = make_runner(LAYERS, KV_HEADS, HEAD_DIM, dtype=dtype)
     torch.manual_seed(0)
     for buf in _buffers(ours):
         buf.normal_()
@@ -65,21 +66,25 @@ def _run(backend, layer, fb, q, k, v, save_kv_cache=True):
 @pytest.mark.parametrize("window", [None, 5])
 @pytest.mark.parametrize("mode", list(SPANS))
 @pytest.mark.parametrize("save_kv_cache", [True, False])
-def test_matches_torch_native(mode, window, layer_kind, save_kv_cache):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_matches_torch_native(mode, window, layer_kind, save_kv_cache, dtype):
     from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
     from atom_frontends.sglang.backend import create_backend
 
-    ours, theirs, reqs = _two_runners()
+    ours, theirs, reqs = _two_runners(dtype)
     fb = reqs.batch(dict(zip(reqs.tokens, SPANS[mode])), mode=mode.upper())
     t = fb.input_ids.shape[0]
-    q = torch.randn(t, HEADS * HEAD_DIM)
-    k, v = torch.randn(t, KV_HEADS, HEAD_DIM), torch.randn(t, KV_HEADS, HEAD_DIM)
+    q = torch.randn(t, HEADS * HEAD_DIM, dtype=dtype)
+    k, v = torch.randn(t, KV_HEADS, HEAD_DIM, dtype=dtype), torch.randn(t, KV_HEADS, HEAD_DIM, dtype=dtype)
     layer = _layer(layer_kind, window)
     got = _run(create_backend(ours), layer, fb, q, k, v, save_kv_cache)
     want = _run(TorchNativeAttnBackend(theirs), layer, fb, q, k, v, save_kv_cache)
     assert got.shape == want.shape == (t, HEADS * HEAD_DIM)
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    # bf16: we attend in float32 and round once; SGLang's SDPA runs in bf16 (a few bf16 ulps apart)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert got.dtype == want.dtype == dtype
+    torch.testing.assert_close(got, want, atol=tol, rtol=tol)
     for a, b in zip(_buffers(ours), _buffers(theirs)):
         assert torch.equal(a, b)  # written in place exactly where SGLang writes (or nowhere)
     written = ours.token_to_kv_pool.get_key_buffer(1)[fb.out_cache_loc]
