@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import logging
 from collections.abc import Iterable
 
 import torch
@@ -23,6 +25,8 @@ from atom_core.layers import (
 )
 from atom_core.models.weights import load_named_weights
 
+logger = logging.getLogger(__name__)
+
 
 def _head_dim(cfg) -> int:
     return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -33,6 +37,23 @@ def _sliding_window(cfg, layer_idx: int) -> int | None:
     if layer_types and layer_types[layer_idx] == "sliding_attention":
         return getattr(cfg, "sliding_window", None)
     return None
+
+
+def _fused_write_supported(attn) -> bool:
+    """Can this host's attention layer let the model write K/V itself (the fused Qwen3 prologue)?
+
+    A host layer says so with `accepts_external_kv_write = True`; otherwise the switch is ignored, once
+    said in the log, and the unfused q/k norm + rotary + the layer's own cache write run instead."""
+    if getattr(type(attn), "accepts_external_kv_write", False):
+        return True
+    _warn_fused_unsupported(type(attn).__qualname__)
+    return False
+
+
+@functools.cache
+def _warn_fused_unsupported(layer_class: str) -> None:
+    logger.warning("atom-core: ATOM_FUSED_QK_NORM_ROPE=1 is not supported by the %s attention layer yet; "
+                   "running the unfused q/k norm + rotary (same results)", layer_class)
 
 
 def _cache_write_args(attn) -> tuple | None:
@@ -64,10 +85,10 @@ class LlamaAttention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if qk_norm else None
         # Qwen3: q/k norm + rotary + cache write in one kernel; the layer then gets key=None (no 2nd write).
-        self.fused_qk_norm_rope = qk_norm and config.ATOM_FUSED_QK_NORM_ROPE
         self.attn = Attention(self.num_heads, self.head_dim, self.head_dim**-0.5, self.num_kv_heads,
                               sliding_window=_sliding_window(cfg, layer_idx),
                               kv_cache_dtype=config.kv_cache_dtype, prefix=f"{prefix}.attn")
+        self.fused_qk_norm_rope = qk_norm and config.ATOM_FUSED_QK_NORM_ROPE and _fused_write_supported(self.attn)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         t = hidden.shape[0]

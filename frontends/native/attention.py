@@ -10,6 +10,9 @@ from atom_core.layers.attention import AttentionSpec, attention_forward
 
 
 class NativeAttention(nn.Module):
+    # Its bound [2, num_blocks, block_size, kv_heads, d] cache may be written by the model (fused Qwen3 prologue).
+    accepts_external_kv_write = True
+
     def __init__(self, spec: AttentionSpec) -> None:
         super().__init__()
         self.spec = spec

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 
@@ -83,3 +85,22 @@ def test_qwen3_switch_routes_through_the_fused_op(checkpoint_factory, monkeypatc
     assert fused_calls["fused_qk_norm_rope_write_kv"] == plain_calls["write_kv_cache"]
     assert fused_calls["write_kv_cache"] == 0
     assert fused == plain
+
+
+def test_switch_is_ignored_with_one_log_line_by_layers_that_cannot_take_the_write(caplog):
+    """A host attention layer without `accepts_external_kv_write` (vLLM's and SGLang's today) keeps the
+    unfused path, and the log says so once per layer class; the native layer takes the fused write."""
+    from atom_core.layers.attention import AttentionSpec
+    from atom_core.models.llama import _fused_write_supported, _warn_fused_unsupported
+    from atom_frontends.native.attention import NativeAttention
+
+    class LayerWithoutTheOffer(torch.nn.Module):
+        pass
+
+    _warn_fused_unsupported.cache_clear()
+    with caplog.at_level(logging.WARNING, logger="atom_core.models.llama"):
+        assert not _fused_write_supported(LayerWithoutTheOffer())
+        assert not _fused_write_supported(LayerWithoutTheOffer())
+    said = [r.getMessage() for r in caplog.records if "ATOM_FUSED_QK_NORM_ROPE" in r.getMessage()]
+    assert len(said) == 1 and "LayerWithoutTheOffer" in said[0]
+    assert _fused_write_supported(NativeAttention(AttentionSpec(4, 16, 0.25, 2, "model.layers.0.self_attn.attn")))
