@@ -38,8 +38,9 @@ def vllm_kv_cache(dtype: torch.dtype = torch.float32) -> torch.Tensor:
 
 
 def _stored(x: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
-    """What the cache holds for x: x itself, or x rounded to fp8 e4m3 (scale 1) for a uint8 (fp8) cache."""
-    return x.to(torch.float8_e4m3fn).float() if cache.dtype == torch.uint8 else x
+    """What the cache holds for x, as float32: x rounded to fp8 e4m3 (scale 1) for a uint8 (fp8) cache, to
+    the cache's dtype otherwise."""
+    return x.to(torch.float8_e4m3fn if cache.dtype == torch.uint8 else cache.dtype).float()
 
 
 def fill_step(kv_cache: torch.Tensor, common, g: torch.Generator):
@@ -57,6 +58,8 @@ def fill_step(kv_cache: torch.Tensor, common, g: torch.Generator):
     key = torch.cat([k[c:] for k, (c, _) in zip(k_all, REQUESTS)]).reshape(-1, KV_HEADS * D)
     value = torch.cat([v[c:] for v, (c, _) in zip(v_all, REQUESTS)]).reshape(-1, KV_HEADS * D)
     query = torch.randn(key.shape[0], HEADS * D, generator=g)
+    if kv_cache.dtype == torch.bfloat16:  # a bf16 model: this step's tensors are bf16 too
+        query, key, value = query.bfloat16(), key.bfloat16(), value.bfloat16()
     return query, key, value, [_stored(k, kv_cache) for k in k_all], [_stored(v, kv_cache) for v in v_all]
 
 

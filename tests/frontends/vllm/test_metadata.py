@@ -1,6 +1,7 @@
 """The metadata builder on a real CommonAttentionMetadata mixing decodes and prefills (some over a cached
 prefix), checked against vLLM's own batch split, for zero copies, and end to end: attention through
-the built metadata on a KV cache in vLLM's per-layer layout == torch SDPA on the same K/V."""
+the built metadata on a KV cache in vLLM's per-layer layout (float32, bfloat16, fp8) == torch SDPA on
+the same K/V."""
 
 from __future__ import annotations
 
@@ -58,14 +59,15 @@ def test_positions_derived_on_device_when_the_runner_gives_none():
     assert torch.equal(md.positions, expected)
 
 
-@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
-def test_attention_through_built_metadata_matches_sdpa_on_vllm_layout(kv_cache_dtype):
+@pytest.mark.parametrize("kv_cache_dtype, model_dtype", [("auto", torch.float32), ("auto", torch.bfloat16),
+                                                         ("fp8", torch.float32)])
+def test_attention_through_built_metadata_matches_sdpa_on_vllm_layout(kv_cache_dtype, model_dtype):
     from atom_frontends.vllm.backend import AtomAttentionImpl
 
     g = torch.Generator().manual_seed(2)
     common = common_metadata(g)
     # vLLM allocates fp8 caches as uint8 bytes (its STR_DTYPE_TO_TORCH_DTYPE)
-    kv_cache = vllm_kv_cache(torch.uint8 if kv_cache_dtype == "fp8" else torch.float32)
+    kv_cache = vllm_kv_cache(torch.uint8 if kv_cache_dtype == "fp8" else model_dtype)
     query, key, value, k_all, v_all = fill_step(kv_cache, common, g)
     md = _builder().build(0, common)
     impl = AtomAttentionImpl(HEADS, D, D**-0.5, KV_HEADS, kv_cache_dtype=kv_cache_dtype,
@@ -74,11 +76,15 @@ def test_attention_through_built_metadata_matches_sdpa_on_vllm_layout(kv_cache_d
     out = torch.full_like(query, float("nan"))
     impl.forward(layer, query, key, value, kv_cache, md, out)
 
-    torch.testing.assert_close(out, sdpa_reference(query, k_all, v_all, D**-0.5))
+    # the oracle: fp32 SDPA on the values the cache holds; bf16 output rounds once (and its query is bf16)
+    want = sdpa_reference(query.float(), k_all, v_all, D**-0.5)
+    tol = 1e-5 if model_dtype == torch.float32 else 1e-2
+    assert out.dtype == model_dtype
+    torch.testing.assert_close(out.float(), want, atol=tol, rtol=tol)
     slots = common.slot_mapping  # this step's K/V landed in vLLM's cache at the runner's slots
-    stored = kv_cache.view(torch.float8_e4m3fn).float() if kv_cache_dtype == "fp8" else kv_cache
+    stored = (kv_cache.view(torch.float8_e4m3fn) if kv_cache_dtype == "fp8" else kv_cache).float()
     cached = stored[slots // BLOCK, :, slots % BLOCK]  # [T, kv_heads, 2*d]
     new_k = torch.cat([k[c:] for k, (c, _) in zip(k_all, REQUESTS)])
     new_v = torch.cat([v[c:] for v, (c, _) in zip(v_all, REQUESTS)])
-    torch.testing.assert_close(cached[..., :D], new_k)
-    torch.testing.assert_close(cached[..., D:], new_v)
+    torch.testing.assert_close(cached[..., :D], new_k, atol=0, rtol=0)  # stored exactly as the cache rounds
+    torch.testing.assert_close(cached[..., D:], new_v, atol=0, rtol=0)
