@@ -11,7 +11,6 @@ from torch import nn
 
 import atom_kernels
 from atom_core.config import AtomConfig
-from atom_core.forward_context import get_forward_context
 from atom_core.layers import (
     Attention,
     MergedColumnParallelLinear,
@@ -42,9 +41,9 @@ def _sliding_window(cfg, layer_idx: int) -> int | None:
 def _fused_write_supported(attn) -> bool:
     """Can this host's attention layer let the model write K/V itself (the fused Qwen3 prologue)?
 
-    A host layer says so with `accepts_external_kv_write = True`; otherwise the switch is ignored, once
-    said in the log, and the unfused q/k norm + rotary + the layer's own cache write run instead."""
-    if getattr(type(attn), "accepts_external_kv_write", False):
+    A host layer says so by offering `kv_cache_write_args()`; otherwise the switch is ignored, once said in
+    the log, and the unfused q/k norm + rotary + the layer's own cache write run instead."""
+    if callable(getattr(type(attn), "kv_cache_write_args", None)):
         return True
     _warn_fused_unsupported(type(attn).__qualname__)
     return False
@@ -54,21 +53,6 @@ def _fused_write_supported(attn) -> bool:
 def _warn_fused_unsupported(layer_class: str) -> None:
     logger.warning("atom-core: ATOM_FUSED_QK_NORM_ROPE=1 is not supported by the %s attention layer yet; "
                    "running the unfused q/k norm + rotary (same results)", layer_class)
-
-
-def _cache_write_args(attn) -> tuple | None:
-    """(k_cache, v_cache, slot_mapping, k_scale, v_scale) to write this step's K/V from outside the attention
-    layer, or None: no cache bound yet / warm-up, or a layer that offers neither of the two ways below."""
-    offer = getattr(attn, "kv_cache_write_args", None)  # a host layer may say it itself
-    if offer is not None:
-        return offer()
-    kv = getattr(attn, "kv_cache", None)  # else a bound [2, num_blocks, block_size, kv_heads, d] cache
-    if not isinstance(kv, torch.Tensor) or kv.dim() != 5:
-        return None
-    md = get_forward_context().metadata_for(attn.spec.prefix)
-    if md is None:
-        return None
-    return kv[0], kv[1], md.slot_mapping, getattr(attn, "k_scale", None), getattr(attn, "v_scale", None)
 
 
 class LlamaAttention(nn.Module):
@@ -95,7 +79,8 @@ class LlamaAttention(nn.Module):
         q, k, v = self.qkv_proj(hidden).split(self.qkv_proj.sizes, dim=-1)
         q = q.reshape(t, self.num_heads, self.head_dim)
         k = k.reshape(t, self.num_kv_heads, self.head_dim)
-        target = _cache_write_args(self.attn) if self.fused_qk_norm_rope else None
+        # (k_cache, v_cache, slot_mapping, k_scale, v_scale), or None: no cache bound yet / warm-up
+        target = self.attn.kv_cache_write_args() if self.fused_qk_norm_rope else None
         if target is not None:
             k_cache, v_cache, slots, k_scale, v_scale = target
             q = atom_kernels.fused_qk_norm_rope_write_kv(

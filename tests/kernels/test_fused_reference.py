@@ -88,7 +88,7 @@ def test_qwen3_switch_routes_through_the_fused_op(checkpoint_factory, monkeypatc
 
 
 def test_switch_is_ignored_with_one_log_line_by_layers_that_cannot_take_the_write(caplog):
-    """A host attention layer without `accepts_external_kv_write` (vLLM's and SGLang's today) keeps the
+    """A host attention layer without `kv_cache_write_args()` (vLLM's and SGLang's today) keeps the
     unfused path, and the log says so once per layer class; the native layer takes the fused write."""
     from atom_core.layers.attention import AttentionSpec
     from atom_core.models.llama import _fused_write_supported, _warn_fused_unsupported
