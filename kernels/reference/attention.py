@@ -37,7 +37,7 @@ def plan(block_tables, seq_lens, query_start_loc, block_size: int, sliding_windo
         # Positions past a sequence's end read its position 0 instead of whatever the cache holds there
         # (maybe NaN, which a mask would not cancel); the mask hides them either way.
         pos = k_pos.masked_fill(k_pos > q_pos, 0)  # [B, max_len]
-        seen = ~_mask(q_pos.view(-1, 1, 1, 1), k_pos.view(1, 1, 1, -1), sliding_window)  # [B, 1, 1, max_len]
+        seen = _seen(q_pos.view(-1, 1, 1, 1), k_pos.view(1, 1, 1, -1), sliding_window)  # [B, 1, 1, max_len]
         rows = torch.tensor([qsl[i] for i in decodes], device=dev)
         gathers.append(_Gather(rows, tables[decodes].gather(1, pos // block_size), pos % block_size, seen))
     for i, seq_len in enumerate(lens):
@@ -45,7 +45,7 @@ def plan(block_tables, seq_lens, query_start_loc, block_size: int, sliding_windo
             continue
         pos = torch.arange(seq_len, device=dev)
         q_pos = torch.arange(seq_len - q_lens[i], seq_len, device=dev).unsqueeze(1)
-        seen = ~_mask(q_pos, pos.unsqueeze(0), sliding_window)  # [q_len, seq]
+        seen = _seen(q_pos, pos.unsqueeze(0), sliding_window)  # [q_len, seq]
         gathers.append(_Gather(slice(qsl[i], qsl[i + 1]), tables[i, pos // block_size], pos % block_size, seen))
     return gathers
 
@@ -97,12 +97,12 @@ def _dequant(x: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
     return x.float() if scale is None else x.float() * scale.float()
 
 
-def _mask(q_pos: torch.Tensor, k_pos: torch.Tensor, sliding_window: int | None) -> torch.Tensor:
-    """True where a key must NOT be seen: the future, and keys that slid out of the window."""
-    mask = k_pos > q_pos
+def _seen(q_pos: torch.Tensor, k_pos: torch.Tensor, sliding_window: int | None) -> torch.Tensor:
+    """True where a key may be seen: not in the future, and not slid out of the window."""
+    seen = k_pos <= q_pos
     if sliding_window is not None and sliding_window > 0:
-        mask |= k_pos <= q_pos - sliding_window
-    return mask
+        seen &= k_pos > q_pos - sliding_window
+    return seen
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seen: torch.Tensor, scale: float) -> torch.Tensor:
