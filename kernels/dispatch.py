@@ -39,14 +39,17 @@ for _op, _target in _TRITON.items():
     _IMPLS[_op]["triton"] = f"atom_kernels.triton.{_target}"
 
 
-def register(op: str, backend: str, target: str) -> None:
-    """Declare that `target` ("module:function") implements `op` for `backend`."""
+def register(op: str, backend: str, target: str) -> str | None:
+    """Declare that `target` ("module:function") implements `op` for `backend`; returns the target it
+    replaces (None if the backend had no kernel for `op`), so a caller can put it back."""
     if op not in _IMPLS:
         raise ValueError(f"unknown kernel op {op!r}; known ops: {', '.join(_IMPLS)}")
     if backend not in BACKENDS:
         raise ValueError(f"unknown kernel backend {backend!r}; choose one of {BACKENDS}")
+    previous = _IMPLS[op].get(backend)
     _IMPLS[op][backend] = target
     reset()
+    return previous
 
 
 def reset() -> None:

@@ -6,6 +6,26 @@ import pytest
 import torch
 
 
+def pytest_addoption(parser):
+    from tests.broken_ops import BREAKS
+
+    parser.addoption("--break-op", choices=sorted(BREAKS), default=None,
+                     help="break one op for the whole run (tests/broken_ops.py): every parity test must then fail")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _break_op(request):
+    """`pytest --break-op NAME`: run everything with that op broken, to see which tests catch it."""
+    name = request.config.getoption("--break-op")
+    if name is None:
+        yield
+        return
+    from tests.broken_ops import broken
+
+    with broken(name):
+        yield
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

@@ -12,12 +12,15 @@ from typing import Any
 
 DEMO_NOTE = "atom-core DEMO checkpoint: random weights, byte-level tokenizer; its text is meaningless"
 
+# initializer_range 0.2, not transformers' 0.02: with 0.02 a tiny model's greedy output is one token repeated
+# whatever the context, so parity tests built on these checkpoints could not catch broken attention or rope.
 _BASE: dict[str, dict[str, Any]] = {
     "Qwen3ForCausalLM": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                              num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
-                             tie_word_embeddings=True),
+                             tie_word_embeddings=True, initializer_range=0.2),
     "LlamaForCausalLM": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                             num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False),
+                             num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False,
+                             initializer_range=0.2),
 }
 SPECIAL_TOKENS = ("<|pad|>", "<|bos|>", "<|eos|>")  # ids 0, 1, 2; bytes follow
 

@@ -135,14 +135,14 @@ class LLMEngine:
         for s, tok in zip(batch, tokens):
             req = s.request
             req.num_computed_tokens += s.num_new_tokens
+            # before a finished request frees its blocks: those it filled in this last step count too
+            self.block_manager.cache_full_blocks(req)
             if tok is not None:
                 req.output_token_ids.append(tok)
                 reason = self._finish_reason(req, tok)
                 if reason:
                     self.scheduler.finish(req, reason)
                     finished.append(self._output(req))
-                    continue
-            self.block_manager.cache_full_blocks(req)
         return finished
 
     def _finish_reason(self, req: Request, tok: int) -> str | None:

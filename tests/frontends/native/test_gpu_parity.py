@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from atom_frontends.native import LLM, SamplingParams
+from tests.frontends.native import hf_oracle
 from tests.frontends.native.hf_oracle import random_prompts
 
 pytestmark = pytest.mark.gpu
@@ -32,21 +33,12 @@ def ieee_fp32():
 
 
 def hf_model(path, dtype):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation="eager",
-                                                local_files_only=True).to("cuda").eval()
+    return hf_oracle.hf_model(path, dtype, "cuda")
 
 
-@torch.inference_mode()
-def hf_greedy(model, prompts: list[list[int]], n: int) -> list[list[int]]:
-    outs = []
-    for p in prompts:
-        ids = torch.tensor([p], device="cuda")
-        gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
-                             pad_token_id=0)
-        outs.append(gen[0, len(p):].tolist())
-    return outs
+def hf_greedy(path, prompts: list[list[int]], n: int, dtype=torch.float32) -> list[list[int]]:
+    """transformers on the same GPU (the oracle refuses a reference whose tokens do not vary)."""
+    return hf_oracle.hf_greedy(path, prompts, n, dtype, "cuda")
 
 
 def native(path, dtype, enforce_eager, **kw) -> LLM:
@@ -78,7 +70,7 @@ def test_fp32_greedy_matches_hf(checkpoint_factory, case, enforce_eager):
     path = checkpoint_factory(arch, **overrides)
     prompts = random_prompts(LENGTHS, seed=11)
     llm = native(path, "float32", enforce_eager)
-    assert greedy(llm, prompts, 32) == hf_greedy(hf_model(path, torch.float32), prompts, 32)
+    assert greedy(llm, prompts, 32) == hf_greedy(path, prompts, 32)
     if not enforce_eager:
         assert llm.engine.runner.graphs.replays > 0
 
@@ -91,7 +83,7 @@ def test_fp32_fused_qk_norm_rope_matches_hf(checkpoint_factory, monkeypatch, enf
     prompts = random_prompts(LENGTHS, seed=15)
     llm = native(path, "float32", enforce_eager)
     assert all(layer.self_attn.fused_qk_norm_rope for layer in llm.engine.model.model.layers)
-    assert greedy(llm, prompts, 32) == hf_greedy(hf_model(path, torch.float32), prompts, 32)
+    assert greedy(llm, prompts, 32) == hf_greedy(path, prompts, 32)
 
 
 @pytest.mark.parametrize("enforce_eager", [False, True], ids=["graphs", "eager"])
@@ -102,7 +94,7 @@ def test_fp32_batching_chunking_preemption_match_hf(checkpoint_factory, enforce_
     prompts = random_prompts([60, 45, 30, 52, 20, 7, 33], seed=12)
     llm = native(path, "float32", enforce_eager, block_size=4, num_kv_blocks=48, max_num_seqs=3,
                  max_num_batched_tokens=24, max_model_len=128, enable_prefix_caching=False)
-    assert greedy(llm, prompts, 24) == hf_greedy(hf_model(path, torch.float32), prompts, 24)
+    assert greedy(llm, prompts, 24) == hf_greedy(path, prompts, 24)
     assert llm.engine.scheduler.num_preemptions > 0
 
 
@@ -125,7 +117,7 @@ def test_bf16_first_16_tokens_match_hf_or_near_ties(checkpoint_factory, enforce_
     path = checkpoint_factory("Qwen3ForCausalLM", **HD128)
     prompts = random_prompts(LENGTHS, seed=13)
     got = greedy(native(path, "bfloat16", enforce_eager), prompts, 16)
-    ref = hf_greedy(hf_model(path, torch.bfloat16), prompts, 16)
+    ref = hf_greedy(path, prompts, 16, torch.bfloat16)
     unexplained = []
     for i, (p, r, g) in enumerate(zip(prompts, ref, got)):
         if r == g:

@@ -1,7 +1,8 @@
 """Fixtures for the SGLang frontend tests: tiny checkpoints, and the outside oracles' tokens.
 
-The checkpoints use a wider init (0.2) than transformers' default: with 0.02 a tiny tied Qwen3
-mostly repeats its last token, which any attention (or none) would reproduce.
+The checkpoints use build_checkpoint's wide init (0.2, not transformers' 0.02, with which a tiny tied Qwen3
+mostly repeats its last token, which any attention or none would reproduce); the transformers oracle
+(hf_greedy) refuses a reference whose tokens do not vary.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ os.environ["SGLANG_EXTERNAL_MODEL_PACKAGE"] = "atom_frontends.sglang.models"
 from tests.frontends.native.hf_oracle import random_prompts  # noqa: E402
 
 CHECKPOINTS = {
-    "qwen3": ("Qwen3ForCausalLM", dict(initializer_range=0.2)),
-    "llama": ("LlamaForCausalLM", dict(initializer_range=0.2)),
+    "qwen3": ("Qwen3ForCausalLM", {}),
+    "llama": ("LlamaForCausalLM", {}),
 }
 PROMPT_LENGTHS = [3, 17, 40, 64, 9]
 

@@ -1,0 +1,64 @@
+"""Ops broken on purpose, registered through the dispatcher's public `register()`: a parity test that still
+passes with one of them in place checks nothing (test_canary.py; `pytest --break-op NAME` for any test).
+
+Each break replaces one op for the backend the device runs (torch on CPU, triton on GPU)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+from atom_kernels import dispatch
+from atom_kernels.reference import rms_norm, rotary, write_kv_cache
+
+
+def attention_zeros(query, *args, out=None, **kwargs) -> torch.Tensor:
+    """paged_attention that attends to nothing."""
+    if out is None:
+        return torch.zeros_like(query)
+    return out.zero_()
+
+
+def kv_write_nothing(*args, **kwargs) -> None:
+    """write_kv_cache that stores nothing."""
+
+
+def rotary_identity(positions, query, key, cos_sin_cache):
+    """rotary that rotates nothing."""
+    return query, key
+
+
+def fused_write_nothing(positions, query, key, value, q_weight, k_weight, eps, cos_sin_cache, *cache_args):
+    """The fused Qwen3 prologue, but its KV write stores nothing."""
+    return rotary(positions, rms_norm(query, q_weight, eps), rms_norm(key, k_weight, eps), cos_sin_cache)[0]
+
+
+def fused_rotary_identity(positions, query, key, value, q_weight, k_weight, eps, cos_sin_cache,
+                          k_cache, v_cache, slot_mapping, k_scale=None, v_scale=None):
+    """The fused Qwen3 prologue, but without rotary."""
+    write_kv_cache(rms_norm(key, k_weight, eps), value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+    return rms_norm(query, q_weight, eps)
+
+
+# break name → [(op, replacement)]: the plain path and the fused Qwen3 prologue broken alike
+BREAKS = {
+    "attention": [("paged_attention", attention_zeros)],
+    "kv_write": [("write_kv_cache", kv_write_nothing), ("fused_qk_norm_rope_write_kv", fused_write_nothing)],
+    "rotary": [("rotary", rotary_identity), ("fused_qk_norm_rope_write_kv", fused_rotary_identity)],
+}
+
+
+@contextlib.contextmanager
+def broken(name: str, device_type: str = "cuda" if torch.cuda.is_available() else "cpu") -> Iterator[None]:
+    """Within the block, break `name` (a BREAKS key) for the backend each op runs on `device_type`."""
+    restore = []
+    try:
+        for op, fn in BREAKS[name]:
+            backend = dispatch.backend_for(op, device_type)
+            restore.append((op, backend, dispatch.register(op, backend, f"{__name__}:{fn.__name__}")))
+        yield
+    finally:
+        for op, backend, previous in reversed(restore):
+            dispatch.register(op, backend, previous)

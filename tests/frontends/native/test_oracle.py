@@ -1,0 +1,33 @@
+"""The transformers oracle refuses a reference that could not tell a working model from a broken one."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.frontends.native.hf_oracle import hf_greedy, random_prompts, require_informative, shuffle_context
+
+
+def test_refuses_transformers_default_init_on_a_tied_qwen3(checkpoint_factory):
+    # transformers' own init (std 0.02) with tied embeddings: one token repeated whatever the context
+    path = checkpoint_factory("Qwen3ForCausalLM", initializer_range=0.02)
+    with pytest.raises(AssertionError, match="degenerate transformers reference.*fewer than 4 distinct"):
+        hf_greedy(path, random_prompts([3, 17, 40, 64, 9]), 32)
+
+
+def test_refuses_outputs_that_ignore_the_context():
+    prompts = random_prompts([10, 20, 30])
+    outs = [[5, 6, 7, 8, 9, 10, 11, 12]] * 3
+    with pytest.raises(AssertionError, match="shuffling the context changed only 0 of 3"):
+        require_informative("ckpt", prompts, 8, outs, [o[:8] for o in outs])
+    require_informative("ckpt", prompts, 8, outs, [[1] * 8, [2] * 8, outs[2]])  # 2 of 3 changed: fine
+
+
+def test_refuses_eos_at_once():
+    with pytest.raises(AssertionError, match="first token"):
+        require_informative("ckpt", random_prompts([2, 2]), 16, [[2], [2]], [[2], [3]])
+
+
+def test_shuffle_changes_every_context_of_three_or_more_tokens():
+    for p in random_prompts([3, 4, 9, 40], seed=3):
+        s = shuffle_context(p)
+        assert s != p and sorted(s) == sorted(p) and s[-1] == p[-1]
