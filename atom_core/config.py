@@ -58,7 +58,6 @@ class AtomConfig:
     enforce_eager: bool = False
     # Switches whose environment variable is exactly the field name upper-cased.
     ATOM_FUSED_QK_NORM_ROPE: bool = field(default_factory=lambda: env_flag("ATOM_FUSED_QK_NORM_ROPE", False))
-    extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:

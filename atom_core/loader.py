@@ -73,9 +73,13 @@ def load_model(config: AtomConfig, device: torch.device) -> torch.nn.Module:
     if config.model_path is None:
         raise ValueError("AtomConfig.model_path is not set: nothing to load weights from")
     model = build_model(config, device)
-    loaded = model.load_weights(iterate_weights(config.model_path))
+    require_all_loaded(model, model.load_weights(iterate_weights(config.model_path)), config.model_path)
+    return model
+
+
+def require_all_loaded(model: torch.nn.Module, loaded: set[str], model_path: str | None) -> None:
+    """Raise naming the parameters of `model` that the checkpoint gave no data (`loaded`: names that got some)."""
     missing = sorted(set(dict(model.named_parameters())) - loaded)
     if missing:
         shown = ", ".join(missing[:8]) + (f" … ({len(missing)} in all)" if len(missing) > 8 else "")
-        raise ValueError(f"checkpoint {config.model_path!r} lacks weights for: {shown}")
-    return model
+        raise ValueError(f"checkpoint {model_path!r} lacks weights for: {shown}")

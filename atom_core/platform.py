@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -26,14 +26,10 @@ class Platform:
 
     host: str
     device: torch.device
-    supported_dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
     tp_rank: int = 0
     tp_size: int = 1
     all_reduce: Callable[[torch.Tensor], torch.Tensor] = _identity
     all_gather: Callable[..., torch.Tensor] = _gather_single
-    owns_compile: bool = False  # True: the host applies torch.compile; the core must not
-    owns_cuda_graphs: bool = False  # True: the host captures CUDA graphs; the core must not
-    extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not 0 <= self.tp_rank < self.tp_size:

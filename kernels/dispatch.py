@@ -1,10 +1,10 @@
 """One dispatcher: picks the implementation of each op per device.
 
 Backends, in order of preference:
-  - "aiter":  ROCm GPUs when the `aiter` package is installed (ops it provides),
   - "triton": CUDA and ROCm GPUs, when triton is importable and the op has a Triton kernel,
   - "torch":  the pure-torch reference (CPU, and the test oracle everywhere).
-`ATOM_KERNEL_BACKEND=torch|triton|aiter` forces one backend for every op that has it.
+`ATOM_KERNEL_BACKEND=torch|triton` forces one backend for every op that has it. AMD's aiter kernels are not
+wired yet: `ATOM_KERNEL_BACKEND=aiter` is an error that says so (it ran the torch reference silently before).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 OPS = (
     "write_kv_cache", "paged_attention", "fused_qk_norm_rope_write_kv", "rms_norm", "rotary", "silu_and_mul",
 )
-BACKENDS = ("aiter", "triton", "torch")
+BACKENDS = ("triton", "torch")
 
 # op → backend → "module:function"; a backend absent from an op's map has no kernel for it.
 _IMPLS: dict[str, dict[str, str]] = {op: {"torch": f"atom_kernels.reference:{op}"} for op in OPS}
@@ -65,8 +65,6 @@ def _available(backend: str) -> bool:
         return True
     if not torch.cuda.is_available():
         return False
-    if backend == "aiter":
-        return torch.version.hip is not None and importlib.util.find_spec("aiter") is not None
     return importlib.util.find_spec("triton") is not None
 
 
@@ -75,6 +73,9 @@ def backend_for(op: str, device_type: str) -> str:
     """The backend `op` runs with on `device_type` ("cpu", "cuda")."""
     forced = os.environ.get("ATOM_KERNEL_BACKEND")
     if forced:
+        if forced == "aiter":
+            raise ValueError("ATOM_KERNEL_BACKEND=aiter: atom-core has no aiter kernels wired yet; use triton "
+                             "(the default on CUDA/ROCm GPUs) or torch, or unset ATOM_KERNEL_BACKEND")
         if forced not in BACKENDS:
             raise ValueError(f"ATOM_KERNEL_BACKEND={forced!r} is not one of {BACKENDS}")
         if forced in _IMPLS[op] and (forced == "torch" or device_type == "cuda") and _available(forced):

@@ -24,7 +24,7 @@ def atom_platform(host: str):
 
     device = default_device()
     # A single process: tensor parallel size 1, collectives are identities.
-    return Platform(host=HOST, device=device, owns_compile=False, owns_cuda_graphs=False)
+    return Platform(host=HOST, device=device)
 
 
 @hookimpl

@@ -80,7 +80,6 @@ def translate_config(c: SGLangModelConfig) -> AtomConfig:
         tensor_parallel_size=getattr(sa, "tp_size", None) or 1,
         pipeline_parallel_size=getattr(sa, "pp_size", None) or 1,
         enforce_eager=bool(getattr(sa, "disable_cuda_graph", False)),
-        extra={"sglang_prefix": c.prefix},
     )
     if getattr(sa, "max_running_requests", None):
         fields["max_num_seqs"] = sa.max_running_requests
@@ -107,6 +106,5 @@ def sglang_platform() -> Platform:
 
         kwargs = dict(all_reduce=tensor_model_parallel_all_reduce,
                       all_gather=tensor_model_parallel_all_gather)
-    # SGLang decides about torch.compile and CUDA graphs; the core must not apply its own.
     return Platform(host=HOST, device=_device(getattr(server_args, "device", None)), tp_rank=tp_rank,
-                    tp_size=tp_size, owns_compile=True, owns_cuda_graphs=True, **kwargs)
+                    tp_size=tp_size, **kwargs)

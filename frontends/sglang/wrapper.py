@@ -15,7 +15,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from atom_core.loader import build_model
+from atom_core.loader import build_model, require_all_loaded
 from atom_core.plugins import current_platform, translate_config
 from atom_frontends.sglang.adapters import ModelAdapter, get_adapter
 from atom_frontends.sglang.bridge import forward_batch_context
@@ -81,10 +81,7 @@ class AtomSGLangModel(nn.Module):
         parameter; later calls (SGLang's weight updates) may carry a subset."""
         loaded = self.core.load_weights(weights)
         if not self._weights_loaded:
-            missing = sorted(set(dict(self.core.named_parameters())) - loaded)
-            if missing:
-                shown = ", ".join(missing[:8]) + (f" … ({len(missing)} in all)" if len(missing) > 8 else "")
-                raise ValueError(f"checkpoint {self.atom_config.model_path!r} lacks weights for: {shown}")
+            require_all_loaded(self.core, loaded, self.atom_config.model_path)
             self._weights_loaded = True
             self.adapter.post_load(self.core)
         return loaded

@@ -63,7 +63,7 @@ def _all_reduce(t: torch.Tensor) -> torch.Tensor:
 
 
 def platform_from_vllm() -> Platform:
-    """Device and tensor-parallel rank/size/collectives from vLLM's own groups; vLLM owns compile/graphs."""
+    """Device and tensor-parallel rank/size/collectives from vLLM's own groups."""
     from vllm.distributed.parallel_state import (
         get_tensor_model_parallel_rank,
         get_tensor_model_parallel_world_size,
@@ -81,11 +81,8 @@ def platform_from_vllm() -> Platform:
     return Platform(
         host="vllm",
         device=device,
-        supported_dtypes=tuple(current_platform.supported_dtypes),
         tp_rank=get_tensor_model_parallel_rank(),
         tp_size=get_tensor_model_parallel_world_size(),
         all_reduce=_all_reduce,
         all_gather=_all_gather,
-        owns_compile=True,
-        owns_cuda_graphs=True,
     )

@@ -78,9 +78,7 @@ class AtomDecoder(nn.Module):
 class AtomForCausalLM(nn.Module):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
-        atom_config = translate_config(vllm_config, host="vllm")
-        if atom_config.pipeline_parallel_size != 1:
-            raise ValueError("atom-core does not support pipeline parallelism under vLLM yet")
+        atom_config = translate_config(vllm_config, host="vllm")  # refuses pipeline parallelism
         # vLLM set the default dtype and device for construction; the core model follows them.
         self.core = get_model_class(atom_config.architecture)(atom_config, prefix=prefix)
         # The same decoder module, registered second: parameter names stay "core.…" (named_parameters

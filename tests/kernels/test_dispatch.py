@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import atom_kernels
@@ -23,3 +24,26 @@ def test_ops_trace_with_fullgraph_compile():
     x, w = torch.randn(3, 8), torch.randn(8)
     got = torch.compile(f, fullgraph=True, backend="eager")(x, w)
     torch.testing.assert_close(got, f(x, w))
+
+
+def test_aiter_is_refused_until_its_kernels_are_wired(monkeypatch):
+    # It used to run the torch reference silently (and turned CUDA graphs off on a GPU).
+    monkeypatch.setenv("ATOM_KERNEL_BACKEND", "aiter")
+    dispatch.reset()
+    try:
+        with pytest.raises(ValueError, match="no aiter kernels wired yet"):
+            dispatch.backend_for("rms_norm", "cuda")
+    finally:
+        monkeypatch.delenv("ATOM_KERNEL_BACKEND")
+        dispatch.reset()
+
+
+def test_register_returns_what_it_replaces():
+    cpu = torch.device("cpu")
+    previous = dispatch.register("silu_and_mul", "torch", "atom_kernels.reference:rms_norm")
+    try:
+        assert previous == "atom_kernels.reference:silu_and_mul"
+        assert dispatch.get("silu_and_mul", cpu) is reference.rms_norm
+    finally:
+        dispatch.register("silu_and_mul", "torch", previous)
+    assert dispatch.get("silu_and_mul", cpu) is reference.silu_and_mul
