@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 from pathlib import Path
@@ -95,20 +96,6 @@ class LLMEngine:
             return None, list(prompt)
         raise TypeError(f"a prompt must be a str or a list of int token ids, got {type(prompt).__name__}")
 
-    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
-                    request_id: str | None = None) -> str:
-        """Validate and queue one request; raises ValueError/TypeError without touching running ones."""
-        params = params or SamplingParams()
-        if not isinstance(params, SamplingParams):
-            raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
-        text, ids = self.tokenize(prompt)
-        self.validate_prompt(ids)
-        req = Request(request_id or str(next(self._ids)), text, ids, params, self.eos_token_ids)
-        if params.seed is not None:
-            req.generator = torch.Generator(device=self.platform.device).manual_seed(params.seed)
-        self.scheduler.add(req)
-        return req.request_id
-
     def validate_prompt(self, ids: list[int]) -> None:
         if not ids:
             raise ValueError("the prompt is empty: give at least one token")
@@ -120,6 +107,36 @@ class LLMEngine:
                 f"the prompt has {len(ids)} tokens but max_model_len={self.config.max_model_len} leaves no room to "
                 "generate; shorten the prompt or raise max_model_len"
             )
+
+    def check_prompt(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
+        """(text, token ids) of a prompt the engine can serve; raises ValueError/TypeError otherwise."""
+        text, ids = self.tokenize(prompt)
+        self.validate_prompt(ids)
+        return text, ids
+
+    @staticmethod
+    def check_params(params: SamplingParams | None) -> SamplingParams:
+        """A validated copy of params: the request keeps the copy, so changing params later cannot reach it."""
+        if params is None:
+            return SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
+        return dataclasses.replace(params)  # runs __post_init__, i.e. SamplingParams.validate()
+
+    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
+                    request_id: str | None = None) -> str:
+        """Validate and queue one request; raises ValueError/TypeError without touching running ones."""
+        params = self.check_params(params)
+        return self.enqueue(*self.check_prompt(prompt), params, request_id)
+
+    def enqueue(self, text: str | None, ids: list[int], params: SamplingParams,
+                request_id: str | None = None) -> str:
+        """Queue a request whose prompt and params came out of check_prompt / check_params."""
+        req = Request(request_id or str(next(self._ids)), text, ids, params, self.eos_token_ids)
+        if params.seed is not None:
+            req.generator = torch.Generator(device=self.platform.device).manual_seed(params.seed)
+        self.scheduler.add(req)
+        return req.request_id
 
     # ---- the loop ----------------------------------------------------------------------------
     def has_unfinished(self) -> bool:
