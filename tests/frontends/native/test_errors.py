@@ -105,6 +105,19 @@ def test_queued_request_keeps_its_params(llm_and_path):
     assert len(done[rid].token_ids) == 5
 
 
+@pytest.mark.parametrize("kwargs, error, words", [
+    (dict(num_kv_blocks=8, kv_cache_memory=1 << 20), ValueError, "set num_kv_blocks or kv_cache_memory, not both"),
+    (dict(kv_cache_memory=0), ValueError, "kv_cache_memory must be a positive int"),
+    (dict(max_model_len=-5), ValueError, "max_model_len must be a positive int"),
+    (dict(seed="x"), TypeError, "seed must be an int or None"),
+])
+def test_bad_engine_args(kwargs, error, words):
+    from atom_frontends.native import EngineArgs
+
+    with pytest.raises(error, match=words):
+        EngineArgs(model="unused", **kwargs)
+
+
 def test_engine_keeps_serving_after_bad_request(llm_and_path):
     llm, path = llm_and_path
     engine = llm.engine
