@@ -9,6 +9,8 @@ import json
 import logging
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -132,3 +134,14 @@ def test_llm_starts_with_default_arguments(real_checkpoint, caplog):
         logits = hf(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1].float()  # [4, vocab]
     gap = logits.max(dim=-1).values - logits[torch.arange(len(tokens)), tokens]
     assert (gap <= 0.25 * logits.std(dim=-1)).all(), (gap, logits.std(dim=-1))
+
+
+@pytest.mark.slow
+def test_cli_starts_with_default_arguments(real_checkpoint, tmp_path):
+    path, config = real_checkpoint
+    exe = shutil.which("atom-core") or os.path.join(os.path.dirname(sys.executable), "atom-core")
+    r = subprocess.run([exe, "generate", "--model", str(path), "--prompt", "Hello", "--max-tokens", "3"],
+                       capture_output=True, text=True, timeout=600, env=dict(os.environ, ATOM_CACHE_DIR=str(tmp_path)))
+    assert r.returncode == 0, r.stderr
+    assert "KV cache" in r.stderr and "max_model_len=" in r.stderr
+    assert "tokens: 3" in r.stdout or "finish_reason: stop" in r.stdout
