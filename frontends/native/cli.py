@@ -16,9 +16,11 @@ _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
 def _bytes(text: str) -> int:
     """'4294967296', '4GiB', '512 MiB', '1.5GB' → bytes (binary KiB/MiB/GiB/TiB, decimal kB/MB/GB/TB)."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
-    if not m or m.group(2).lower() not in _UNITS or float(m.group(1)) * _UNITS[m.group(2).lower()] < 1:
+    unit = _UNITS.get(m.group(2).lower()) if m else None
+    size = int(float(m.group(1)) * unit) if unit else 0
+    if size < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a size: give bytes, or e.g. 4GiB, 512MiB, 8GB")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    return size
 
 
 def _positive_int(text: str) -> int:

@@ -127,6 +127,7 @@ def test_llm_starts_with_default_arguments(real_checkpoint, caplog):
     assert len(tokens) == 4
     del llm, engine  # frees the weights and the KV cache before transformers loads its copy
     gc.collect()
+    torch.cuda.empty_cache()  # on a GPU, for the CLI's process next (a no-op without CUDA)
     # Outside check: transformers, fed the same tokens, ranks each greedy token of ours at (or within bfloat16
     # noise of) its top. A wrong token sits ~4 logit standard deviations below the top among ~150k candidates.
     hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
