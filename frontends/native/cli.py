@@ -4,8 +4,39 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import logging
 import platform as py_platform
+import re
 import sys
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+
+
+def _bytes(text: str) -> int:
+    """'4294967296', '4GiB', '512 MiB', '1.5GB' → bytes (binary KiB/MiB/GiB/TiB, decimal kB/MB/GB/TB)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    unit = _UNITS.get(m.group(2).lower()) if m else None
+    size = int(float(m.group(1)) * unit) if unit else 0
+    if size < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size: give bytes, or e.g. 4GiB, 512MiB, 8GB")
+    return size
+
+
+def _positive_int(text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return int(text)
+
+
+def _dtype(text: str) -> str:
+    from atom_core.config import parse_dtype
+
+    try:
+        parse_dtype(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -16,9 +47,11 @@ def _generate(args: argparse.Namespace) -> int:
     if model is None:
         model = str(demo_checkpoint())
         print(f"[{DEMO_NOTE}] {model}", file=sys.stderr)
-    llm = LLM(model, dtype=args.dtype, max_model_len=args.max_model_len, seed=args.seed)
+    # Sampling parameters first: a bad one fails before the model loads.
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                            max_tokens=args.max_tokens, seed=args.seed if args.temperature > 0 else None)
+                            max_tokens=args.max_tokens)
+    llm = LLM(model, dtype=args.dtype, max_model_len=args.max_model_len, kv_cache_memory=args.kv_cache_memory,
+              enforce_eager=args.enforce_eager, seed=args.seed)
     prompts = args.prompt or ["Hello, my name is", "The capital of France is"]
     for out in llm.generate(prompts, params):
         print(f"--- prompt: {out.prompt!r}")
@@ -63,12 +96,19 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--model", help="local HF checkpoint directory (default: the built-in random demo model)")
     gen.add_argument("--prompt", action="append", help="a prompt (repeat for a batch)")
     gen.add_argument("--max-tokens", type=int, default=32)
-    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 (default) = greedy")
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--top-k", type=int, default=-1)
-    gen.add_argument("--dtype", default="auto")
-    gen.add_argument("--max-model-len", type=int, default=None)
-    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--seed", type=int, default=None,
+                     help="sampling seed: the same seed gives the same output (default: a new seed each run)")
+    gen.add_argument("--dtype", type=_dtype, default="auto", help="auto (the checkpoint's), bfloat16, float16, float32")
+    gen.add_argument("--max-model-len", type=_positive_int, default=None,
+                     help="longest sequence, prompt + output (default: the checkpoint's, lowered to what the KV "
+                          "cache holds)")
+    gen.add_argument("--kv-cache-memory", type=_bytes, default=None, metavar="SIZE",
+                     help="KV cache size: bytes or e.g. 4GiB, 512MiB (default: 85%% of free GPU memory; on CPU "
+                          "50%% of available memory, at most 4 GiB)")
+    gen.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     gen.set_defaults(func=_generate)
     info = sub.add_parser("info", help="host, platform, frontends, kernel backends, versions")
     info.set_defaults(func=_info)
@@ -77,6 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # Our INFO lines (KV cache size, max_model_len) reach stderr; other libraries stay at WARNING.
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+    for name in ("atom_core", "atom_kernels", "atom_frontends"):
+        logging.getLogger(name).setLevel(logging.INFO)
     try:
         return args.func(args)
     except (ValueError, TypeError, FileNotFoundError) as e:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
+import logging
 from pathlib import Path
 
 import torch
@@ -18,8 +20,43 @@ from atom_frontends.native.request import Request, RequestOutput, Status
 from atom_frontends.native.sampling_params import SamplingParams
 from atom_frontends.native.scheduler import Scheduler
 
-CPU_KV_CACHE_BYTES = 1 << 30
-GPU_KV_CACHE_FRACTION = 0.85
+log = logging.getLogger(__name__)
+
+GIB = 1 << 30
+GPU_KV_CACHE_FRACTION = 0.85  # of the GPU memory still free once the weights are loaded
+CPU_KV_CACHE_FRACTION = 0.5  # of MemAvailable once the weights are loaded (activations, the OS, others need room)
+CPU_KV_CACHE_MAX = 4 * GIB  # as vLLM's CPU default (VLLM_CPU_KVCACHE_SPACE=4): a big host is not emptied
+
+
+def _mem_available() -> int | None:
+    """Linux's MemAvailable in bytes (free memory plus what the kernel can reclaim), None elsewhere."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def default_kv_cache_bytes(device: torch.device, most: int) -> tuple[int, str]:
+    """(KV cache budget in bytes, what set it), measured now, i.e. after the weights are loaded. `most`: the
+    bytes of max_num_seqs sequences of max_model_len tokens, more than a CPU cache ever uses at once."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)  # cached by torch, unused
+        return int(free * GPU_KV_CACHE_FRACTION), f"{GPU_KV_CACHE_FRACTION:.0%} of free GPU memory"
+    bounds = [(CPU_KV_CACHE_MAX, f"the CPU default of at most {_size(CPU_KV_CACHE_MAX)}"),
+              (most, "room for max_num_seqs sequences of max_model_len")]
+    available = _mem_available()
+    if available is not None:
+        bounds.append((int(available * CPU_KV_CACHE_FRACTION), f"{CPU_KV_CACHE_FRACTION:.0%} of available memory"))
+    return min(bounds)
+
+
+def _size(n: int) -> str:
+    return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / (1 << 20):.1f} MiB"
 
 
 def load_tokenizer(path: str):
@@ -54,6 +91,9 @@ class LLMEngine:
             self.platform = current_platform("native")
             self.model = load_model(self.config, self.platform.device)
             self.runner = ModelRunner(self.model, self.config, self.platform, args.seed)
+        # The KV cache is sized from the memory left once the weights are loaded (measured, not estimated) and
+        # may lower config.max_model_len: what depends on that length is built after it (the runner's step
+        # inputs and CUDA graphs, the scheduler). The model's rope table, built for the longer length, covers it.
         num_blocks = self._num_kv_blocks()
         self.runner.allocate_kv_cache(num_blocks)
         self.block_manager = BlockManager(num_blocks, self.config.block_size, args.enable_prefix_caching)
@@ -64,22 +104,30 @@ class LLMEngine:
         self._ids = itertools.count()
 
     def _num_kv_blocks(self) -> int:
-        a, per_block = self.args, self.runner.bytes_per_block()
+        """Blocks of the KV cache, from the memory free now that the weights are loaded. When the user left
+        max_model_len unset and the cache holds fewer tokens, config.max_model_len is lowered to fit."""
+        a, cfg, per_block = self.args, self.config, self.runner.bytes_per_block()
         if a.num_kv_blocks is not None:
-            blocks = a.num_kv_blocks
+            blocks, source = a.num_kv_blocks, "num_kv_blocks"
         elif a.kv_cache_memory is not None:
-            blocks = a.kv_cache_memory // per_block
-        elif self.platform.device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(self.platform.device)
-            blocks = int(free * GPU_KV_CACHE_FRACTION) // per_block
+            blocks, source = a.kv_cache_memory // per_block, "kv_cache_memory"
         else:
-            blocks = CPU_KV_CACHE_BYTES // per_block
-        capacity = blocks * self.config.block_size
-        if capacity < self.config.max_model_len:
+            most = cfg.max_num_seqs * -(-cfg.max_model_len // cfg.block_size) * per_block
+            budget, source = default_kv_cache_bytes(self.platform.device, most)
+            blocks = budget // per_block
+        capacity = blocks * cfg.block_size
+        size = f"{capacity} tokens ({blocks} blocks of {cfg.block_size}, {_size(blocks * per_block)}: {source})"
+        if capacity >= cfg.max_model_len:
+            log.info("atom-core: KV cache of %s; max_model_len=%d", size, cfg.max_model_len)
+        elif a.max_model_len is None and blocks > 0:
+            log.warning("atom-core: max_model_len=%d, lowered from the checkpoint's %d as the KV cache holds %s; "
+                        "pass max_model_len (CLI: --max-model-len) for another length, kv_cache_memory or "
+                        "num_kv_blocks (CLI: --kv-cache-memory) for a bigger cache", capacity, cfg.max_model_len, size)
+            cfg.max_model_len = capacity
+        else:
             raise ValueError(
-                f"the KV cache holds {capacity} tokens ({blocks} blocks of {self.config.block_size}), fewer than "
-                f"max_model_len={self.config.max_model_len}; raise num_kv_blocks/kv_cache_memory or lower "
-                "max_model_len"
+                f"the KV cache holds {size}, fewer than max_model_len={cfg.max_model_len}; raise "
+                "num_kv_blocks/kv_cache_memory or lower max_model_len"
             )
         return blocks
 
@@ -95,20 +143,6 @@ class LLMEngine:
             return None, list(prompt)
         raise TypeError(f"a prompt must be a str or a list of int token ids, got {type(prompt).__name__}")
 
-    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
-                    request_id: str | None = None) -> str:
-        """Validate and queue one request; raises ValueError/TypeError without touching running ones."""
-        params = params or SamplingParams()
-        if not isinstance(params, SamplingParams):
-            raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
-        text, ids = self.tokenize(prompt)
-        self.validate_prompt(ids)
-        req = Request(request_id or str(next(self._ids)), text, ids, params, self.eos_token_ids)
-        if params.seed is not None:
-            req.generator = torch.Generator(device=self.platform.device).manual_seed(params.seed)
-        self.scheduler.add(req)
-        return req.request_id
-
     def validate_prompt(self, ids: list[int]) -> None:
         if not ids:
             raise ValueError("the prompt is empty: give at least one token")
@@ -120,6 +154,36 @@ class LLMEngine:
                 f"the prompt has {len(ids)} tokens but max_model_len={self.config.max_model_len} leaves no room to "
                 "generate; shorten the prompt or raise max_model_len"
             )
+
+    def check_prompt(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
+        """(text, token ids) of a prompt the engine can serve; raises ValueError/TypeError otherwise."""
+        text, ids = self.tokenize(prompt)
+        self.validate_prompt(ids)
+        return text, ids
+
+    @staticmethod
+    def check_params(params: SamplingParams | None) -> SamplingParams:
+        """A validated copy of params: the request keeps the copy, so changing params later cannot reach it."""
+        if params is None:
+            return SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
+        return dataclasses.replace(params)  # runs __post_init__, i.e. SamplingParams.validate()
+
+    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
+                    request_id: str | None = None) -> str:
+        """Validate and queue one request; raises ValueError/TypeError without touching running ones."""
+        params = self.check_params(params)
+        return self.enqueue(*self.check_prompt(prompt), params, request_id)
+
+    def enqueue(self, text: str | None, ids: list[int], params: SamplingParams,
+                request_id: str | None = None) -> str:
+        """Queue a request whose prompt and params came out of check_prompt / check_params."""
+        req = Request(request_id or str(next(self._ids)), text, ids, params, self.eos_token_ids)
+        if params.seed is not None:
+            req.generator = torch.Generator(device=self.platform.device).manual_seed(params.seed)
+        self.scheduler.add(req)
+        return req.request_id
 
     # ---- the loop ----------------------------------------------------------------------------
     def has_unfinished(self) -> bool:

@@ -12,16 +12,29 @@ from atom_core.loader import load_hf_config
 class EngineArgs:
     model: str
     dtype: str = "auto"
-    max_model_len: int | None = None  # default: the checkpoint's max_position_embeddings
+    # Default: the checkpoint's max_position_embeddings, lowered to what the KV cache holds (one log line).
+    max_model_len: int | None = None
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048  # token budget of one step; longer prompts are chunked
     block_size: int = 16
     num_kv_blocks: int | None = None  # explicit KV cache size in blocks ...
-    kv_cache_memory: int | None = None  # ... or in bytes (default: 1 GiB on CPU, 85% of free GPU memory)
+    kv_cache_memory: int | None = None  # ... or in bytes (default: engine.default_kv_cache_bytes)
     kv_cache_dtype: str = "auto"
     enable_prefix_caching: bool = True
     enforce_eager: bool = False
-    seed: int = 0
+    # Seed of the engine's sampling generator. 0 as in vLLM, so sampled output repeats from run to run;
+    # None draws a fresh seed (SamplingParams.seed still seeds single requests).
+    seed: int | None = 0
+
+    def __post_init__(self) -> None:
+        for name in ("max_model_len", "num_kv_blocks", "kv_cache_memory"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ValueError(f"{name} must be a positive int or None, got {value!r}")
+        if self.num_kv_blocks is not None and self.kv_cache_memory is not None:
+            raise ValueError("set num_kv_blocks or kv_cache_memory, not both (they size the same KV cache)")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
+            raise TypeError(f"seed must be an int or None, got {type(self.seed).__name__}")
 
     def to_atom_config(self) -> AtomConfig:
         hf_config = load_hf_config(self.model)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from tqdm.auto import tqdm
 
@@ -12,6 +13,35 @@ from atom_frontends.native.request import RequestOutput
 from atom_frontends.native.sampling_params import SamplingParams
 
 Prompt = str | list[int]
+T = TypeVar("T")
+
+
+def _labelled(label: str, check: Callable[..., T], *args) -> T:
+    """check(*args), with `label` (which prompt or params) prefixed to its ValueError/TypeError."""
+    try:
+        return check(*args)
+    except (ValueError, TypeError) as e:
+        raise type(e)(f"{label}: {e}") from None
+
+
+def _prompt_list(prompts) -> list:
+    if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+        return [prompts]
+    if not isinstance(prompts, (list, tuple)):
+        raise TypeError(f"prompts must be a str, a list of token ids or a list of those, got {type(prompts).__name__}")
+    return list(prompts)
+
+
+def _checked_params(engine: LLMEngine, sampling_params, n: int) -> list[SamplingParams]:
+    """One validated SamplingParams per prompt (sampling_params: one for all, or a list of n)."""
+    if sampling_params is None or isinstance(sampling_params, SamplingParams):
+        return [_labelled("sampling_params", engine.check_params, sampling_params)] * n
+    if not isinstance(sampling_params, (list, tuple)):
+        raise TypeError("sampling_params must be a SamplingParams or a list of them (one per prompt), got "
+                        f"{type(sampling_params).__name__}")
+    if len(sampling_params) != n:
+        raise ValueError(f"got {len(sampling_params)} SamplingParams for {n} prompts; pass one or one per prompt")
+    return [_labelled(f"sampling_params[{i}]", engine.check_params, sp) for i, sp in enumerate(sampling_params)]
 
 
 class LLM:
@@ -27,25 +57,17 @@ class LLM:
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        prompts = list(prompts)
-        params = sampling_params if isinstance(sampling_params, (list, tuple)) else [sampling_params] * len(prompts)
-        if len(params) != len(prompts):
-            raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts; pass one or one per prompt")
-        # Validate everything before queueing anything, so a bad prompt leaves the engine clean.
-        for i, p in enumerate(prompts):
-            try:
-                self.engine.validate_prompt(self.engine.tokenize(p)[1])
-            except (ValueError, TypeError) as e:
-                raise type(e)(f"prompt {i}: {e}") from None
-        ids = [self.engine.add_request(p, sp) for p, sp in zip(prompts, params)]
+        engine, prompts = self.engine, _prompt_list(prompts)
+        # Check every SamplingParams and every prompt before queueing any: bad input leaves the engine clean.
+        params = _checked_params(engine, sampling_params, len(prompts))
+        checked = [_labelled(f"prompt {i}", engine.check_prompt, p) for i, p in enumerate(prompts)]
+        ids = [engine.enqueue(text, token_ids, sp) for (text, token_ids), sp in zip(checked, params)]
         order = {rid: i for i, rid in enumerate(ids)}
         results: list[RequestOutput | None] = [None] * len(ids)
         bar = tqdm(total=len(ids), desc="generating", disable=not use_tqdm or len(ids) < 2)
         with bar:
-            while self.engine.has_unfinished():
-                for out in self.engine.step():
+            while engine.has_unfinished():
+                for out in engine.step():
                     if out.request_id in order:
                         results[order[out.request_id]] = out
                         bar.update(1)

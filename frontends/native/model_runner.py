@@ -25,12 +25,16 @@ log = logging.getLogger(__name__)
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, config: AtomConfig, platform: Platform, seed: int) -> None:
+    def __init__(self, model: torch.nn.Module, config: AtomConfig, platform: Platform, seed: int | None) -> None:
         self.model, self.config, self.device = model, config, platform.device
         self.attn_layers = [m for m in model.modules() if isinstance(m, NativeAttention)]
-        self.inputs = metadata_builder(spec=None, host="native")(config, self.device)
-        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.generator = torch.Generator(device=self.device)
+        if seed is None:
+            self.generator.seed()  # a fresh non-deterministic seed
+        else:
+            self.generator.manual_seed(seed)
         self.num_blocks = 0
+        self.inputs = None  # built with the KV cache, once config.max_model_len is final
         self.graphs: DecodeGraphs | None = None
 
     @property
@@ -43,8 +47,9 @@ class ModelRunner:
         return per_layer * self.config.block_size * elem
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
-        """One [2, num_blocks, block_size, kv_heads, head_dim] tensor per attention layer; then, on GPU,
-        the decode CUDA graphs are captured, as they bake in the caches' addresses."""
+        """One [2, num_blocks, block_size, kv_heads, head_dim] tensor per attention layer; then the step
+        inputs, whose block-table width follows config.max_model_len (the engine may lower it to what
+        the cache holds), and on GPU the decode CUDA graphs, which bake in both."""
         self.num_blocks = num_blocks
         for layer in self.attn_layers:
             s = layer.spec
@@ -53,6 +58,7 @@ class ModelRunner:
             if self.config.kv_cache_dtype != "auto":
                 layer.k_scale = torch.ones((), dtype=torch.float32, device=self.device)
                 layer.v_scale = torch.ones((), dtype=torch.float32, device=self.device)
+        self.inputs = metadata_builder(spec=None, host="native")(self.config, self.device)
         self._capture_graphs()
 
     def _capture_graphs(self) -> None:

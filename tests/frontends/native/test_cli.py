@@ -7,6 +7,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 
 def _run(args, tmp_path):
     exe = shutil.which("atom-core") or os.path.join(os.path.dirname(sys.executable), "atom-core")
@@ -40,8 +42,70 @@ def test_generate_bad_input_exits_2(tmp_path):
 
 
 def test_info(tmp_path):
+    import atom_kernels
+    from atom_core.platform import default_device
+
     r = _run(["info"], tmp_path)
     assert r.returncode == 0, r.stderr
-    for words in ("host:        native", "paged_attention  torch", "LlamaForCausalLM, Qwen3ForCausalLM",
-                  "transformers"):
+    backends = atom_kernels.dispatch.describe(default_device().type)  # triton on a GPU, torch on a CPU
+    for words in ("host:        native", f"paged_attention  {backends['paged_attention']}",
+                  "LlamaForCausalLM, Qwen3ForCausalLM", "transformers"):
         assert words in r.stdout
+
+
+def _outputs(r) -> list[str]:
+    assert r.returncode == 0, r.stderr
+    return [line for line in r.stdout.splitlines() if line.lstrip().startswith("output:")]
+
+
+SAMPLE = ["generate", "--prompt", "Once", "--prompt", "upon a time", "--temperature", "1.0", "--max-tokens", "24"]
+
+
+@pytest.mark.slow
+def test_seed(tmp_path):
+    """No --seed: a new sample each run (the demo model's next-token distribution is near-uniform over 320
+    tokens, so two 2x24-token samples coincide with probability ~0); the same --seed: the same output."""
+    first, second = _outputs(_run(SAMPLE, tmp_path)), _outputs(_run(SAMPLE, tmp_path))
+    assert len(first) == 2 and first != second
+    seeded = [_outputs(_run([*SAMPLE, "--seed", "7"], tmp_path)) for _ in range(2)]
+    assert seeded[0] == seeded[1]
+    assert seeded[0] != _outputs(_run([*SAMPLE, "--seed", "8"], tmp_path))
+
+
+@pytest.mark.slow
+def test_max_model_len_and_kv_cache_memory_flags(tmp_path):
+    r = _run(["generate", "--prompt", "Hi", "--max-tokens", "2", "--max-model-len", "64"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "max_model_len=64" in r.stderr  # the one KV cache line
+    r = _run(["generate", "--prompt", "x" * 70, "--max-model-len", "64"], tmp_path)
+    assert r.returncode == 2 and "max_model_len=64 leaves no room" in r.stderr
+    # The demo model's 4 layers x 2 KV heads x 32 dims in float32: 32 KiB per 16-token block, 1 MiB = 512 tokens.
+    r = _run(["generate", "--prompt", "Hi", "--max-tokens", "2", "--kv-cache-memory", "1MiB", "--enforce-eager",
+              "--dtype", "float32"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "max_model_len=512, lowered from the checkpoint's 2048 as the KV cache holds 512 tokens" in r.stderr
+    r = _run(["generate", "--kv-cache-memory", "1MiB", "--max-model-len", "1024"], tmp_path)
+    assert r.returncode == 2 and "fewer than max_model_len=1024" in r.stderr
+
+
+@pytest.mark.parametrize("flag, value, words", [
+    ("--max-model-len", "0", "'0' is not a positive integer"),
+    ("--max-model-len", "1e3", "'1e3' is not a positive integer"),
+    ("--kv-cache-memory", "4XB", "'4XB' is not a size: give bytes, or e.g. 4GiB, 512MiB"),
+    ("--kv-cache-memory", "0", "'0' is not a size"),
+    ("--dtype", "fp8", "unknown dtype 'fp8'"),
+    ("--seed", "abc", "invalid int value: 'abc'"),
+])
+def test_bad_flag_values_exit_2(tmp_path, flag, value, words):
+    r = _run(["generate", flag, value], tmp_path)
+    assert r.returncode == 2 and f"argument {flag}: {words}" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("4096", 4096), ("4GiB", 4 << 30), ("512 MiB", 512 << 20), ("1.5GiB", 3 << 29), ("8GB", 8 * 10**9),
+    ("2kib", 2048),
+])
+def test_kv_cache_memory_sizes(text, expected):
+    from atom_frontends.native.cli import build_parser
+
+    assert build_parser().parse_args(["generate", "--kv-cache-memory", text]).kv_cache_memory == expected

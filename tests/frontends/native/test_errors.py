@@ -32,18 +32,90 @@ def test_bad_prompt(llm_and_path, prompt, error, words):
     assert not llm.engine.has_unfinished()  # nothing half-queued
 
 
-@pytest.mark.parametrize("kwargs, words", [
-    (dict(max_tokens=0), "max_tokens"),
-    (dict(temperature=-0.5), "temperature"),
-    (dict(top_p=0.0), "top_p"),
-    (dict(top_p=1.5), "top_p"),
-    (dict(top_k=-3), "top_k"),
-    (dict(min_tokens=9, max_tokens=4), "min_tokens"),
-    (dict(stop_token_ids=[-2]), "stop_token_ids"),
+BAD_PARAMS = [  # (field, bad value, error, words of the message)
+    ("max_tokens", 0, ValueError, "max_tokens must be an int >= 1"),
+    ("max_tokens", True, TypeError, "max_tokens must be an int"),
+    ("temperature", -0.5, ValueError, "temperature must be >= 0"),
+    ("temperature", float("nan"), ValueError, "temperature must be >= 0"),
+    ("temperature", "hot", TypeError, "temperature must be a number"),
+    ("top_p", 0.0, ValueError, r"top_p must be in \(0, 1\]"),
+    ("top_p", 1.5, ValueError, r"top_p must be in \(0, 1\]"),
+    ("top_p", "x", TypeError, "top_p must be a number"),
+    ("top_k", -3, ValueError, "top_k must be -1/0"),
+    ("top_k", 2.5, TypeError, "top_k must be an int"),
+    ("min_tokens", 99, ValueError, r"min_tokens must be an int in \[0, max_tokens=16\]"),
+    ("stop_token_ids", [-2], ValueError, "stop_token_ids must be non-negative ints"),
+    ("stop_token_ids", [1, "a"], ValueError, "stop_token_ids must be non-negative ints"),
+    ("stop_token_ids", None, TypeError, "stop_token_ids must be a list of ints"),
+    ("ignore_eos", "yes", TypeError, "ignore_eos must be a bool"),
+    ("seed", 1.5, TypeError, "seed must be an int or None"),
+]
+
+
+@pytest.mark.parametrize("field, value, error, words", BAD_PARAMS)
+def test_bad_sampling_params(field, value, error, words):
+    with pytest.raises(error, match=f"SamplingParams.{words}"):
+        SamplingParams(**{field: value})
+
+
+def _mutated(field, value):
+    sp = SamplingParams(temperature=0.0, max_tokens=16)
+    setattr(sp, field, value)  # dataclass fields can change after construction
+    return sp
+
+
+@pytest.mark.parametrize("field, value, error, words", BAD_PARAMS)
+def test_params_changed_after_construction_are_checked_before_queueing(llm_and_path, field, value, error, words):
+    llm, _ = llm_and_path
+    with pytest.raises(error, match=f"^sampling_params\\[2\\]: SamplingParams.{words}"):
+        llm.generate([[5, 6], [7, 8], [9, 10]], [GREEDY, GREEDY, _mutated(field, value)], use_tqdm=False)
+    assert not llm.engine.has_unfinished()
+    with pytest.raises(error, match=f"^sampling_params: SamplingParams.{words}"):  # one for every prompt
+        llm.generate([[5, 6], [7, 8]], _mutated(field, value), use_tqdm=False)
+    assert not llm.engine.has_unfinished()
+    with pytest.raises(error, match=f"^SamplingParams.{words}"):
+        llm.engine.add_request([5, 6], _mutated(field, value))
+    assert not llm.engine.has_unfinished()
+
+
+@pytest.mark.parametrize("prompts, params, error, words", [
+    ([[5, 6], [7, 8]], [GREEDY, dict(temperature=0)], TypeError,
+     r"^sampling_params\[1\]: params must be SamplingParams, got dict"),
+    ([[5, 6], [7, 8]], "greedy", TypeError, "^sampling_params must be a SamplingParams or a list"),
+    ([[5, 6], [7, 8]], [GREEDY], ValueError, "got 1 SamplingParams for 2 prompts"),
+    ([[5, 6], [7, 8], []], [GREEDY, GREEDY, GREEDY], ValueError, "^prompt 2: the prompt is empty"),
+    (None, GREEDY, TypeError, "^prompts must be a str, a list of token ids or a list of those"),
 ])
-def test_bad_sampling_params(kwargs, words):
-    with pytest.raises(ValueError, match=words):
-        SamplingParams(**kwargs)
+def test_bad_generate_arguments_queue_nothing(llm_and_path, prompts, params, error, words):
+    llm, _ = llm_and_path
+    with pytest.raises(error, match=words):
+        llm.generate(prompts, params, use_tqdm=False)
+    assert not llm.engine.has_unfinished()
+
+
+def test_queued_request_keeps_its_params(llm_and_path):
+    """A request keeps a copy of its SamplingParams: changing the object afterwards does not reach it."""
+    llm, _ = llm_and_path
+    sp = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+    rid = llm.engine.add_request([5, 6, 7], sp)
+    sp.max_tokens, sp.temperature = 1, -1.0
+    done = {}
+    while llm.engine.has_unfinished():
+        done.update({o.request_id: o for o in llm.engine.step()})
+    assert len(done[rid].token_ids) == 5
+
+
+@pytest.mark.parametrize("kwargs, error, words", [
+    (dict(num_kv_blocks=8, kv_cache_memory=1 << 20), ValueError, "set num_kv_blocks or kv_cache_memory, not both"),
+    (dict(kv_cache_memory=0), ValueError, "kv_cache_memory must be a positive int"),
+    (dict(max_model_len=-5), ValueError, "max_model_len must be a positive int"),
+    (dict(seed="x"), TypeError, "seed must be an int or None"),
+])
+def test_bad_engine_args(kwargs, error, words):
+    from atom_frontends.native import EngineArgs
+
+    with pytest.raises(error, match=words):
+        EngineArgs(model="unused", **kwargs)
 
 
 def test_engine_keeps_serving_after_bad_request(llm_and_path):
