@@ -21,7 +21,7 @@ def test_generate_with_builtin_demo_checkpoint(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "DEMO checkpoint: random weights" in r.stderr
     assert r.stdout.count("--- prompt:") == 2 and "tokens: 5" in r.stdout
-    assert (tmp_path / "demo-qwen3-random-v1" / "config.json").is_file()
+    assert (tmp_path / "demo-qwen3-random-v2" / "config.json").is_file()
     again = _run(["generate", "--prompt", "Hello", "--max-tokens", "5"], tmp_path)  # cached: same output
     assert again.stdout.splitlines()[:2] == r.stdout.splitlines()[:2]
 
