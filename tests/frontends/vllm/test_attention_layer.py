@@ -1,5 +1,6 @@
-"""AttentionForVllm as vLLM's runner uses it (forward-context registration, backend, KV-cache spec), and
-its attention call staying opaque under vLLM-style torch.compile (guards dropped, traced once)."""
+"""AttentionForVllm as vLLM's runner uses it (forward-context registration, backend, KV-cache spec), its
+attention call staying opaque under vLLM-style torch.compile (guards dropped, traced once), and on steps
+vLLM pads."""
 
 from __future__ import annotations
 
@@ -12,11 +13,17 @@ from tests.frontends.vllm.batch import (  # noqa: E402
     BLOCK,
     HEADS,
     KV_HEADS,
+    PAD_MODES,
+    PAD_TOKENS,
     D,
+    atom_builder,
     common_metadata,
     fill_step,
+    pad_metadata,
+    pad_rows,
     sdpa_reference,
     vllm_kv_cache,
+    with_step_written,
 )
 
 PREFIX = "model.layers.0.self_attn.attn"
@@ -98,3 +105,35 @@ def test_attention_stays_opaque_under_guard_free_compile():
     op = torch.ops.atom.vllm_attention
     calls = [n for n in graphs[0].graph.nodes if n.target in (op, op.default)]
     assert len(calls) == 1 and PREFIX in calls[0].args
+
+
+def _attend_through_op(query, key, value):
+    """The layer's call (AttentionForVllm.forward) with its output rows NaN beforehand, not fresh memory
+    that may happen to hold zeros: every row the op leaves alone shows."""
+    output = torch.full_like(query, float("nan"))
+    torch.ops.atom.vllm_attention(query, key, value, output, PREFIX)
+    return output
+
+
+@pytest.mark.parametrize("mode", PAD_MODES)
+def test_padded_step_attends_real_rows_zeroes_padding_and_keeps_it_out_of_the_cache(mode):
+    from vllm.config import VllmConfig
+    from vllm.forward_context import set_forward_context
+
+    cfg = VllmConfig()
+    layer = _attention(cfg)
+    g = torch.Generator().manual_seed(5)
+    common = common_metadata(g)
+    layer.kv_cache = vllm_kv_cache()
+    query, key, value, k_all, v_all = fill_step(layer.kv_cache, common, g)
+    want_cache = with_step_written(layer.kv_cache, common, key, value)
+    md = atom_builder().build(0, pad_metadata(common, mode))
+    with set_forward_context({PREFIX: md}, cfg):
+        out = _attend_through_op(pad_rows(query), pad_rows(key), pad_rows(value))
+    n = common.num_actual_tokens
+    assert out.shape == (n + PAD_TOKENS, HEADS * D)
+    torch.testing.assert_close(out[:n], sdpa_reference(query, k_all, v_all, D**-0.5))
+    assert torch.count_nonzero(out[n:]) == 0  # padding rows: zeros (not the NaN inputs, not stale memory)
+    assert torch.equal(layer.kv_cache, want_cache)  # this step's K/V at its slots, nothing else written
+    with set_forward_context({PREFIX: md}, cfg), pytest.raises(ValueError, match="24 query rows for a batch of 25"):
+        _attend_through_op(query[:-1], key[:-1], value[:-1])  # fewer rows than tokens: not this step's
