@@ -51,23 +51,24 @@ def pad_rows(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([x, x.new_full((PAD_TOKENS, x.shape[1]), float("nan"))])
 
 
-# How vLLM 0.32's GPU runner pads a step (gpu_model_runner.execute_model / _build_attention_metadata):
-# the model's inputs always have num_tokens_padded rows. Under piecewise CUDA graphs or data-parallel
-# padding the metadata stays unpadded ("tokens"), except slot_mapping, padded with -1 when another
-# KV-cache group's backend writes the cache outside forward ("tokens+slots"). Under full CUDA graphs
-# ("full") the metadata is padded too: PAD_REQS requests with no tokens (query_start_loc repeats its
-# last value, seq_len 0, the null block 0), slot -1 and stale positions for the padding rows, and
-# num_actual_tokens counting them.
+# How vLLM 0.32's GPU runners pad a step: the model's inputs always have num_tokens_padded rows. Under
+# piecewise CUDA graphs or data-parallel padding the metadata stays unpadded ("tokens"), except that
+# slot_mapping (-1) and positions (stale) cover the padding rows too ("tokens+slots": the V1 runner
+# pads slot_mapping when another KV-cache group's backend writes the cache outside forward, the V2
+# runner, vllm/v1/worker/gpu, always). Under full CUDA graphs ("full", both runners) the metadata is
+# padded too: PAD_REQS requests with no tokens (query_start_loc repeats its last value, seq_len 0, the
+# null block 0), slot -1 and stale positions for the padding rows, num_actual_tokens counting them.
 PAD_MODES = ["tokens", "tokens+slots", "full"]
 
 
 def pad_metadata(common, mode: str):
     """common (unpadded) → the CommonAttentionMetadata vLLM hands the builder for a step padded by PAD_TOKENS."""
     slots = torch.cat([common.slot_mapping, torch.full((PAD_TOKENS,), -1, dtype=common.slot_mapping.dtype)])
+    positions = torch.cat([common.positions, common.positions.new_full((PAD_TOKENS,), 7)])
     if mode == "tokens":
         return common
     if mode == "tokens+slots":
-        return common.replace(slot_mapping=slots)
+        return common.replace(slot_mapping=slots, positions=positions)
     qsl = torch.cat([common.query_start_loc, common.query_start_loc[-1:].repeat(PAD_REQS)])
     seq_lens = torch.cat([common.seq_lens, common.seq_lens.new_zeros(PAD_REQS)])
     table = common.block_table_tensor
@@ -76,7 +77,7 @@ def pad_metadata(common, mode: str):
         seq_lens_cpu_upper_bound=seq_lens.clone(), num_reqs=common.num_reqs + PAD_REQS,
         num_actual_tokens=common.num_actual_tokens + PAD_TOKENS,
         block_table_tensor=torch.cat([table, table.new_zeros(PAD_REQS, table.shape[1])]), slot_mapping=slots,
-        positions=torch.cat([common.positions, common.positions.new_full((PAD_TOKENS,), 7)]),
+        positions=positions,
     )
 
 
