@@ -22,6 +22,17 @@ from atom_core.layers.attention import AttentionSpec
 from atom_frontends.vllm.backend import AtomAttentionBackend, AtomAttentionImpl, register_attention_backend
 from atom_frontends.vllm.platforms import ATTENTION_OP
 
+# vLLM micro-batching (--enable-dbo, --ubatch-size > 1) gives each micro-batch a thread and a forward
+# context of its own, holding that micro-batch's metadata dict, and the layer gets that micro-batch's
+# rows (UBatchWrapper): nothing to pick here. The list of those dicts is only in the runner's context,
+# where a layer would see the whole step's rows, which no single micro-batch's metadata describes.
+_MICRO_BATCH_LIST = (
+    "vLLM's forward context holds per-micro-batch attention metadata (a list): the model ran outside "
+    "vLLM's micro-batch threads, where no one metadata fits the step's rows. Run it through vLLM's "
+    "UBatchWrapper, which gives each micro-batch its own forward context, or turn micro-batching off "
+    "(drop --enable-dbo, --ubatch-size 0)."
+)
+
 
 @torch.library.custom_op(ATTENTION_OP, mutates_args=("output",))
 def vllm_attention(query: torch.Tensor, key: torch.Tensor | None, value: torch.Tensor | None,
@@ -30,8 +41,8 @@ def vllm_attention(query: torch.Tensor, key: torch.Tensor | None, value: torch.T
     ctx = get_forward_context()
     layer = ctx.no_compile_layers[layer_name]
     md = ctx.attn_metadata
-    if isinstance(md, list):  # speculative decoding: [0] holds the target model's metadata
-        md = md[0]
+    if isinstance(md, list):
+        raise ValueError(_MICRO_BATCH_LIST)
     md = md.get(layer_name) if isinstance(md, dict) else md
     if md is None or layer.kv_cache.numel() == 0:  # profiling / warm-up: no cache to touch
         output.zero_()

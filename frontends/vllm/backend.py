@@ -63,15 +63,27 @@ class AtomAttentionImpl(AttentionImpl[AttentionMetadata]):
                 kv_cache: torch.Tensor, attn_metadata: AttentionMetadata, output: torch.Tensor,
                 output_scale: torch.Tensor | None = None, output_block_scale: torch.Tensor | None = None,
                 ) -> torch.Tensor:
-        """query [T, heads*d], key/value [T, kv_heads*d], output [T, heads*d] (written in place)."""
+        """query [T, heads*d], key/value [T, kv_heads*d] (None: already in the cache), output [T, heads*d]
+        (written in place, returned). T may exceed the metadata's tokens (vLLM pads rows for CUDA graphs
+        and data parallelism): the padding rows are neither written to the cache nor attended, and
+        their output rows are zeros."""
         if output_scale is not None or output_block_scale is not None:
             raise NotImplementedError("atom-core attention does not fuse output quantization")
+        n = attn_metadata.num_tokens
+        if query.shape[0] < n:
+            raise ValueError(f"attention got {query.shape[0]} query rows for a batch of {n} tokens; vLLM "
+                             f"pads a step's rows, never drops them: the metadata is not this step's")
+        if query.shape[0] > n:  # views of the real rows: no copy, no device sync
+            output[n:].zero_()
+            query = query[:n]
+            key, value = (None, None) if key is None else (key[:n], value[:n])
         k_cache, v_cache = split_kv_cache(kv_cache, self.head_size)
         quantized = self.kv_cache_dtype.startswith("fp8")
         k_scale = layer._k_scale if quantized else None
         v_scale = layer._v_scale if quantized else None
-        return attention_forward(self.spec, query, key, value, k_cache, v_cache, attn_metadata,
-                                 k_scale, v_scale, out=output)
+        attention_forward(self.spec, query, key, value, k_cache, v_cache, attn_metadata,
+                          k_scale, v_scale, out=output[:n])
+        return output
 
 
 class AtomAttentionBackend(AttentionBackend):

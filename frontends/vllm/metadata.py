@@ -29,12 +29,20 @@ def _positions(common: CommonAttentionMetadata, num_tokens: int) -> torch.Tensor
 
 
 def build_metadata(common: CommonAttentionMetadata, block_size: int) -> AttentionMetadata:
-    """One vLLM batch (requests in vLLM's order; with our builder, decodes first) → AttentionMetadata."""
-    n = common.num_actual_tokens
+    """One vLLM batch (requests in vLLM's order; with our builder, decodes first) → AttentionMetadata
+    over its real tokens only.
+
+    vLLM pads a step's rows (CUDA graphs, data parallelism): the model's inputs have more rows than
+    its requests' tokens. Under full CUDA graphs the metadata is padded too: num_actual_tokens counts
+    the padding rows, padding requests have no tokens (query_start_loc repeats its last value), the
+    padding rows' slots are -1. The real tokens are query_start_loc_cpu[-1] in every case; the
+    result's slot_mapping and positions cover those (its num_tokens), the layer leaves the rest out.
+    """
     qsl_cpu = common.query_start_loc_cpu
-    q_lens = (qsl_cpu[1:] - qsl_cpu[:-1]).tolist()  # host tensor: no device sync
+    n = int(qsl_cpu[-1])  # host tensor: no device sync
+    q_lens = (qsl_cpu[1:] - qsl_cpu[:-1]).tolist()
     decodes = sum(1 for q in q_lens if q == 1)
-    prefill_lens = [q for q in q_lens if q > 1]  # padded requests (q == 0) are neither
+    prefill_lens = [q for q in q_lens if q > 1]  # padding requests (q == 0) are neither
     return AttentionMetadata(
         slot_mapping=common.slot_mapping[:n],
         block_tables=common.block_table_tensor,
@@ -48,7 +56,6 @@ def build_metadata(common: CommonAttentionMetadata, block_size: int) -> Attentio
         num_decodes=decodes,
         num_decode_tokens=decodes,
         block_size=block_size,
-        extra={"num_reqs": common.num_reqs, "num_actual_tokens": n},
     )
 
 

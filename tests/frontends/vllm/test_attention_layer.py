@@ -1,8 +1,12 @@
-"""AttentionForVllm as vLLM's runner uses it (forward-context registration, backend, KV-cache spec), and
-its attention call staying opaque under vLLM-style torch.compile (guards dropped, traced once)."""
+"""AttentionForVllm as vLLM's runner uses it (forward-context registration, backend, KV-cache spec), its
+attention call staying opaque under vLLM-style torch.compile (guards dropped, traced once), on steps vLLM
+pads, and in vLLM's micro-batch threads (dual-batch overlap)."""
 
 from __future__ import annotations
 
+import threading
+
+import numpy as np
 import pytest
 import torch
 
@@ -12,11 +16,18 @@ from tests.frontends.vllm.batch import (  # noqa: E402
     BLOCK,
     HEADS,
     KV_HEADS,
+    PAD_MODES,
+    PAD_TOKENS,
+    REQUESTS,
     D,
+    atom_builder,
     common_metadata,
     fill_step,
+    pad_metadata,
+    pad_rows,
     sdpa_reference,
     vllm_kv_cache,
+    with_step_written,
 )
 
 PREFIX = "model.layers.0.self_attn.attn"
@@ -98,3 +109,96 @@ def test_attention_stays_opaque_under_guard_free_compile():
     op = torch.ops.atom.vllm_attention
     calls = [n for n in graphs[0].graph.nodes if n.target in (op, op.default)]
     assert len(calls) == 1 and PREFIX in calls[0].args
+
+
+def _attend_through_op(query, key, value):
+    """The layer's call (AttentionForVllm.forward) with its output rows NaN beforehand, not fresh memory
+    that may happen to hold zeros: every row the op leaves alone shows."""
+    output = torch.full_like(query, float("nan"))
+    torch.ops.atom.vllm_attention(query, key, value, output, PREFIX)
+    return output
+
+
+@pytest.mark.parametrize("mode", PAD_MODES)
+def test_padded_step_attends_real_rows_zeroes_padding_and_keeps_it_out_of_the_cache(mode):
+    from vllm.config import VllmConfig
+    from vllm.forward_context import set_forward_context
+
+    cfg = VllmConfig()
+    layer = _attention(cfg)
+    g = torch.Generator().manual_seed(5)
+    common = common_metadata(g)
+    layer.kv_cache = vllm_kv_cache()
+    query, key, value, k_all, v_all = fill_step(layer.kv_cache, common, g)
+    want_cache = with_step_written(layer.kv_cache, common, key, value)
+    md = atom_builder().build(0, pad_metadata(common, mode))
+    with set_forward_context({PREFIX: md}, cfg):
+        out = _attend_through_op(pad_rows(query), pad_rows(key), pad_rows(value))
+    n = common.num_actual_tokens
+    assert out.shape == (n + PAD_TOKENS, HEADS * D)
+    torch.testing.assert_close(out[:n], sdpa_reference(query, k_all, v_all, D**-0.5))
+    assert torch.count_nonzero(out[n:]) == 0  # padding rows: zeros (not the NaN inputs, not stale memory)
+    assert torch.equal(layer.kv_cache, want_cache)  # this step's K/V at its slots, nothing else written
+    with set_forward_context({PREFIX: md}, cfg), pytest.raises(ValueError, match="24 query rows for a batch of 25"):
+        _attend_through_op(query[:-1], key[:-1], value[:-1])  # fewer rows than tokens: not this step's
+
+
+def _run_like_ubatch_wrapper(cfg, ubatch_slices, attn_metadata, query, key, value):
+    """One forward as vLLM's UBatchWrapper runs it under --enable-dbo: a forward context per micro-batch
+    holding that micro-batch's metadata dict, and a thread per micro-batch running the model on its token
+    rows (UBatchWrapper._make_ubatch_metadata and _run_ubatches, vLLM's own code). The wrapper's __init__
+    and __call__ need CUDA streams, so it is made without __init__, given the fields those two read; its
+    streams are None, which torch.cuda.set_stream ignores (a CPU build has no streams to switch)."""
+    from vllm.config import CUDAGraphMode
+    from vllm.v1.worker.gpu_ubatch_wrapper import UBatchWrapper
+
+    wrapper = UBatchWrapper.__new__(UBatchWrapper)
+    wrapper.vllm_config, wrapper.comm_stream = cfg, None
+    wrapper.ready_barrier = threading.Barrier(len(ubatch_slices) + 1)
+    widths = [query.shape[1], key.shape[1], value.shape[1]]
+
+    def model(input_ids, positions, intermediate_tensors, inputs_embeds):  # one micro-batch's rows
+        return _attend_through_op(*inputs_embeds.split(widths, dim=1))
+
+    rows = query.shape[0]
+    ubatches = wrapper._make_ubatch_metadata(
+        ubatch_slices=ubatch_slices, attn_metadata=attn_metadata, slot_mapping=None,
+        input_ids=torch.zeros(rows, dtype=torch.long), positions=torch.arange(rows),
+        inputs_embeds=torch.cat([query, key, value], dim=1), intermediate_tensors=None,
+        compute_stream=None, dp_metadata=[None] * len(ubatch_slices), batch_descriptor=None,
+        cudagraph_runtime_mode=CUDAGraphMode.NONE, is_padding=None)
+    return wrapper._run_ubatches(ubatches, model)
+
+
+def test_micro_batches_attend_in_their_own_forward_contexts():
+    """Dual-batch overlap as vLLM 0.32 runs it for a backend without full CUDA graphs: the padded step
+    split in two at row 15 (inside the 13-token prefill), metadata per micro-batch by vLLM's
+    split_attn_metadata, the last micro-batch's rows padded beyond its metadata."""
+    from vllm.config import VllmConfig
+    from vllm.forward_context import set_forward_context
+    from vllm.v1.worker.ubatch_utils import maybe_create_ubatch_slices, split_attn_metadata
+
+    cfg = VllmConfig()
+    layer = _attention(cfg)
+    g = torch.Generator().manual_seed(6)
+    common = common_metadata(g)
+    layer.kv_cache = vllm_kv_cache()
+    query, key, value, k_all, v_all = fill_step(layer.kv_cache, common, g)
+    want_cache = with_step_written(layer.kv_cache, common, key, value)
+    n = common.num_actual_tokens
+    slices, padded_slices = maybe_create_ubatch_slices(True, np.array([q for _, q in REQUESTS]),
+                                                       n + PAD_TOKENS, len(REQUESTS), 2)
+    assert [s.token_slice for s in padded_slices] == [slice(0, 15), slice(15, n + PAD_TOKENS)]
+    builder = atom_builder()
+    attn_metadata = [{PREFIX: builder.build(0, part)} for part in split_attn_metadata(slices, common)]
+    out = _run_like_ubatch_wrapper(cfg, padded_slices, attn_metadata,
+                                   pad_rows(query), pad_rows(key), pad_rows(value))
+    torch.testing.assert_close(out[:n], sdpa_reference(query, k_all, v_all, D**-0.5))
+    assert torch.count_nonzero(out[n:]) == 0
+    assert torch.equal(layer.kv_cache, want_cache)
+
+    # The runner's own forward context holds the list; a layer run there, outside the micro-batch
+    # threads, has the whole step's rows and no single metadata that fits them.
+    with set_forward_context(attn_metadata, cfg, ubatch_slices=padded_slices):
+        with pytest.raises(ValueError, match="enable-dbo"):
+            layer(pad_rows(query), pad_rows(key), pad_rows(value))

@@ -1,5 +1,5 @@
 """The metadata builder on a real CommonAttentionMetadata mixing decodes and prefills (some over a cached
-prefix), checked against vLLM's own batch split, for zero copies, and end to end: attention through
+prefix), checked against vLLM's own batch split (padded steps too), for zero copies, and end to end: attention through
 the built metadata on a KV cache in vLLM's per-layer layout (float32, bfloat16, fp8) == torch SDPA on
 the same K/V."""
 
@@ -16,30 +16,23 @@ from tests.frontends.vllm.batch import (  # noqa: E402
     BLOCK,
     HEADS,
     KV_HEADS,
+    PAD_MODES,
     REQUESTS,
     D,
+    atom_builder,
     common_metadata,
     fill_step,
+    pad_metadata,
     sdpa_reference,
     vllm_kv_cache,
 )
-
-
-def _builder():
-    from vllm.config import VllmConfig
-    from vllm.v1.kv_cache_interface import FullAttentionSpec
-
-    from atom_frontends.vllm.metadata import AtomMetadataBuilder
-
-    spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=KV_HEADS, head_size=D, dtype=torch.float32)
-    return AtomMetadataBuilder(spec, ["model.layers.0.self_attn.attn"], VllmConfig(), torch.device("cpu"))
 
 
 def test_counts_match_vllms_own_split_and_nothing_is_copied():
     from vllm.v1.attention.backends.utils import split_decodes_and_prefills
 
     common = common_metadata(torch.Generator().manual_seed(0))
-    builder = _builder()
+    builder = atom_builder()
     assert builder.reorder_batch_threshold == 1  # vLLM puts decodes first for us
     md = builder.build(0, common)
     num_decodes, num_prefills, num_decode_tokens, num_prefill_tokens = split_decodes_and_prefills(common, 1)
@@ -52,10 +45,28 @@ def test_counts_match_vllms_own_split_and_nothing_is_copied():
         assert ours.data_ptr() == theirs.data_ptr() and ours.dtype == theirs.dtype  # views, no copies
 
 
+@pytest.mark.parametrize("mode", PAD_MODES)
+def test_padded_metadata_covers_the_real_tokens_and_requests_only(mode):
+    """vLLM's padding rows and padding requests (query length 0) are no tokens, decodes or prefills: the
+    counts equal vLLM's own split of the step unpadded (CommonAttentionMetadata.unpadded)."""
+    from vllm.v1.attention.backends.utils import split_decodes_and_prefills
+
+    common = common_metadata(torch.Generator().manual_seed(4))
+    real_tokens, real_reqs = common.num_actual_tokens, common.num_reqs
+    md = atom_builder().build(0, pad_metadata(common, mode))
+    want = split_decodes_and_prefills(common.unpadded(real_tokens, real_reqs), 1)
+    assert (md.num_decodes, md.num_prefills, md.num_decode_tokens, md.num_prefill_tokens) == want == (3, 3, 3, 22)
+    assert md.num_tokens == real_tokens
+    assert torch.equal(md.slot_mapping, common.slot_mapping) and torch.equal(md.positions, common.positions)
+    # vLLM's micro-batch metadata carries no positions: derived for the real tokens only
+    derived = atom_builder().build(0, pad_metadata(common, mode).replace(positions=None)).positions
+    assert torch.equal(derived, common.positions)
+
+
 def test_positions_derived_on_device_when_the_runner_gives_none():
     common = common_metadata(torch.Generator().manual_seed(1))
     expected = common.positions.clone()
-    md = _builder().build(0, common.replace(positions=None))
+    md = atom_builder().build(0, common.replace(positions=None))
     assert torch.equal(md.positions, expected)
 
 
@@ -69,7 +80,7 @@ def test_attention_through_built_metadata_matches_sdpa_on_vllm_layout(kv_cache_d
     # vLLM allocates fp8 caches as uint8 bytes (its STR_DTYPE_TO_TORCH_DTYPE)
     kv_cache = vllm_kv_cache(torch.uint8 if kv_cache_dtype == "fp8" else model_dtype)
     query, key, value, k_all, v_all = fill_step(kv_cache, common, g)
-    md = _builder().build(0, common)
+    md = atom_builder().build(0, common)
     impl = AtomAttentionImpl(HEADS, D, D**-0.5, KV_HEADS, kv_cache_dtype=kv_cache_dtype,
                              prefix="model.layers.0.self_attn.attn")
     layer = SimpleNamespace(_k_scale=torch.tensor(1.0), _v_scale=torch.tensor(1.0))  # AttentionForVllm's
