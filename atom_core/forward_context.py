@@ -27,11 +27,8 @@ class AttentionMetadata:
     max_query_len: int
     max_seq_len: int
     num_prefills: int  # sequences with more than one new token (or a first chunk)
-    num_prefill_tokens: int
     num_decodes: int  # sequences with exactly one new token
-    num_decode_tokens: int
     block_size: int
-    extra: dict[str, Any] = field(default_factory=dict)  # host-specific, never read by the core
     # Kernels' per-step memo (e.g. the torch reference's gather plan, made once and shared by every
     # layer). Valid for one step only: a host that reuses a metadata object across steps clears it.
     scratch: dict[Any, Any] = field(default_factory=dict)

@@ -103,7 +103,7 @@ class InputBuilder:
             return self._graph_views(graph_size, len(rows))
         decodes = q_lens.count(1)
         hints = (max(q_lens), int(self.np32[:n].max()), decodes, n - decodes)
-        return self.views(s_, t_, w, len(rows), hints, n_tok - decodes)
+        return self.views(s_, t_, w, len(rows), hints)
 
     def _fill_decodes(self, batch: list[Scheduled], s_: int, t_: int) -> None:
         """One new token per sequence (the hot path): plain Python per row, few numpy calls."""
@@ -149,8 +149,7 @@ class InputBuilder:
             self.dev[dt][:n].copy_(self.host[dt][:n], non_blocking=True)
         self.copied.record()
 
-    def views(self, s_: int, t_: int, w: int, n_logits: int, hints: tuple[int, int, int, int],
-              num_prefill_tokens: int = 0) -> StepInputs:
+    def views(self, s_: int, t_: int, w: int, n_logits: int, hints: tuple[int, int, int, int]) -> StepInputs:
         """Device views for S sequences, T tokens, table width W; hints = (max_query_len, max_seq_len,
         num_decodes, num_prefills) as the attention kernels size their grids with them."""
         d64, d32 = self.dev[torch.int64], self.dev[torch.int32]
@@ -164,9 +163,7 @@ class InputBuilder:
             max_query_len=max_query_len,
             max_seq_len=max_seq_len,
             num_prefills=num_prefills,
-            num_prefill_tokens=num_prefill_tokens,
             num_decodes=num_decodes,
-            num_decode_tokens=num_decodes,
             block_size=self.block_size,
         )
         return StepInputs(d64[:t_], md, d64[3 * t_ : 3 * t_ + n_logits])

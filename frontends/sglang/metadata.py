@@ -62,9 +62,6 @@ def build_metadata(forward_batch, req_to_token: torch.Tensor) -> AttentionMetada
         max_query_len=max(q_lens),
         max_seq_len=max_seq_len,
         num_prefills=bs - num_decodes,
-        num_prefill_tokens=qsl[-1] - num_decodes,
         num_decodes=num_decodes,
-        num_decode_tokens=num_decodes,
         block_size=SGLANG_BLOCK_SIZE,
-        extra={"forward_mode": mode.name},
     )

@@ -42,7 +42,6 @@ def build_metadata(common: CommonAttentionMetadata, block_size: int) -> Attentio
     n = int(qsl_cpu[-1])  # host tensor: no device sync
     q_lens = (qsl_cpu[1:] - qsl_cpu[:-1]).tolist()
     decodes = sum(1 for q in q_lens if q == 1)
-    prefill_lens = [q for q in q_lens if q > 1]  # padding requests (q == 0) are neither
     return AttentionMetadata(
         slot_mapping=common.slot_mapping[:n],
         block_tables=common.block_table_tensor,
@@ -51,10 +50,8 @@ def build_metadata(common: CommonAttentionMetadata, block_size: int) -> Attentio
         positions=_positions(common, n),
         max_query_len=common.max_query_len,
         max_seq_len=common.max_seq_len,
-        num_prefills=len(prefill_lens),
-        num_prefill_tokens=sum(prefill_lens),
+        num_prefills=sum(1 for q in q_lens if q > 1),  # padding requests (q == 0) are neither
         num_decodes=decodes,
-        num_decode_tokens=decodes,
         block_size=block_size,
     )
 

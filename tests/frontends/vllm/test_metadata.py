@@ -35,9 +35,8 @@ def test_counts_match_vllms_own_split_and_nothing_is_copied():
     builder = atom_builder()
     assert builder.reorder_batch_threshold == 1  # vLLM puts decodes first for us
     md = builder.build(0, common)
-    num_decodes, num_prefills, num_decode_tokens, num_prefill_tokens = split_decodes_and_prefills(common, 1)
+    num_decodes, num_prefills, _, _ = split_decodes_and_prefills(common, 1)
     assert (md.num_decodes, md.num_prefills) == (num_decodes, num_prefills) == (3, 3)
-    assert (md.num_decode_tokens, md.num_prefill_tokens) == (num_decode_tokens, num_prefill_tokens)
     assert (md.max_query_len, md.max_seq_len, md.block_size) == (13, 34, BLOCK)
     for ours, theirs in [(md.slot_mapping, common.slot_mapping), (md.block_tables, common.block_table_tensor),
                          (md.seq_lens, common.seq_lens), (md.query_start_loc, common.query_start_loc),
@@ -55,7 +54,7 @@ def test_padded_metadata_covers_the_real_tokens_and_requests_only(mode):
     real_tokens, real_reqs = common.num_actual_tokens, common.num_reqs
     md = atom_builder().build(0, pad_metadata(common, mode))
     want = split_decodes_and_prefills(common.unpadded(real_tokens, real_reqs), 1)
-    assert (md.num_decodes, md.num_prefills, md.num_decode_tokens, md.num_prefill_tokens) == want == (3, 3, 3, 22)
+    assert (md.num_decodes, md.num_prefills, md.num_decodes, md.num_tokens - md.num_decodes) == want == (3, 3, 3, 22)
     assert md.num_tokens == real_tokens
     assert torch.equal(md.slot_mapping, common.slot_mapping) and torch.equal(md.positions, common.positions)
     # vLLM's micro-batch metadata carries no positions: derived for the real tokens only
