@@ -1,8 +1,10 @@
 """Rotary embeddings with the rope types transformers defines: default, linear, dynamic, yarn, llama3.
 
-The cos|sin table is computed once in float32 for every position up to `max_position`
-([max_position, rotary_dim]: cos in the first half, sin in the second) and applied by
-atom_kernels.rotary. `dynamic` (NTK) is evaluated once for the engine's context length, as
+One cos|sin table per model, computed once in float32 for positions 0..max_model_len-1
+([max_model_len, rotary_dim]: cos in the first half, sin in the second) and applied by
+atom_kernels.rotary. No host passes a position >= max_model_len: the native engine, vLLM and
+SGLang each cap a sequence at the length limit they hand us as AtomConfig.max_model_len (vLLM's
+max_model_len, SGLang's context_len). `dynamic` (NTK) is evaluated once for the engine's context length, as
 serving engines do; it equals transformers' per-call update whenever the sequence stays within
 the checkpoint's max_position_embeddings.
 """
@@ -96,24 +98,24 @@ def compute_inv_freq(p: dict[str, Any], dim: int, max_pos_embeddings: int, conte
 
 
 class RotaryEmbedding(nn.Module):
-    def __init__(self, head_dim: int, rotary_dim: int, max_position: int, params: dict[str, Any],
+    def __init__(self, head_dim: int, rotary_dim: int, max_model_len: int, params: dict[str, Any],
                  max_position_embeddings: int) -> None:
         super().__init__()
         self.head_dim, self.rotary_dim = head_dim, rotary_dim
-        inv_freq, scaling = compute_inv_freq(params, rotary_dim, max_position_embeddings, max_position)
-        t = torch.arange(max_position, dtype=torch.float32)
-        freqs = t[:, None] * inv_freq[None, :]  # [max_position, rot/2]
+        inv_freq, scaling = compute_inv_freq(params, rotary_dim, max_position_embeddings, max_model_len)
+        t = torch.arange(max_model_len, dtype=torch.float32)
+        freqs = t[:, None] * inv_freq[None, :]  # [max_model_len, rot/2]
         cache = torch.cat((freqs.cos() * scaling, freqs.sin() * scaling), dim=-1)
         self.register_buffer("cos_sin_cache", cache, persistent=False)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        """positions [T]; q [T, heads, head_dim]; k [T, kv_heads, head_dim] → rotated (q, k)."""
+        """positions [T] (each < max_model_len); q [T, heads, head_dim]; k [T, kv_heads, head_dim] → (q, k)."""
         return atom_kernels.rotary(positions, q, k, self.cos_sin_cache)
 
 
 def get_rope(hf_config: Any, head_dim: int, max_model_len: int) -> RotaryEmbedding:
+    """The model's one rotary table, for positions 0..max_model_len-1 (every layer shares it)."""
     params = rope_parameters(hf_config)
     partial = params.get("partial_rotary_factor", getattr(hf_config, "partial_rotary_factor", 1.0))
-    max_pos_emb = getattr(hf_config, "max_position_embeddings", max_model_len)
-    max_position = max(max_model_len, max_pos_emb)
-    return RotaryEmbedding(head_dim, int(head_dim * partial), max_position, params, max_pos_emb)
+    max_pos_emb = getattr(hf_config, "max_position_embeddings", None) or max_model_len
+    return RotaryEmbedding(head_dim, int(head_dim * partial), max_model_len, params, max_pos_emb)

@@ -7,7 +7,10 @@ import torch
 from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from atom_core.layers.rotary import get_rope
+from atom_core.config import AtomConfig
+from atom_core.layers.rotary import RotaryEmbedding, get_rope
+from atom_core.loader import load_hf_config, load_model
+from atom_frontends.native.hooks import NATIVE
 
 ROPES = {
     "linear": {"rope_type": "linear", "factor": 4.0},
@@ -32,6 +35,7 @@ def test_cos_sin_match_transformers(name, max_model_len):
     pos = torch.arange(rope.cos_sin_cache.shape[0], dtype=torch.float32)
     freqs = pos[:, None] * inv_freq[None, :].float()
     expected = torch.cat((freqs.cos() * scaling, freqs.sin() * scaling), dim=-1)
+    assert rope.cos_sin_cache.shape == (max_model_len, 32)
     torch.testing.assert_close(rope.cos_sin_cache, expected, rtol=1e-6, atol=1e-6)
 
 
@@ -40,3 +44,17 @@ def test_unknown_rope_type_is_a_clear_error():
     cfg.rope_parameters = {"rope_type": "longrope", "rope_theta": 1e4}
     with pytest.raises(ValueError, match="rope_type='longrope' is not supported; supported: default"):
         get_rope(cfg, 16, 64)
+
+
+@pytest.mark.parametrize("arch", ["LlamaForCausalLM", "Qwen3ForCausalLM"])
+def test_one_table_per_model_sized_to_max_model_len(checkpoint_factory, arch):
+    path = checkpoint_factory(arch, num_hidden_layers=3)
+    with NATIVE.scope():
+        cfg = AtomConfig(hf_config=load_hf_config(path), model_path=str(path), max_model_len=96)
+        model = load_model(cfg, torch.device("cpu"))
+    ropes = [m for _, m in model.named_modules(remove_duplicate=False) if isinstance(m, RotaryEmbedding)]
+    assert len(ropes) == 1 + 3  # the model's own and each layer's reference to it
+    assert len({r.cos_sin_cache.data_ptr() for r in ropes}) == 1
+    assert all(layer.self_attn.rotary_emb is model.model.rotary_emb for layer in model.model.layers)
+    head_dim = cfg.hf_config.head_dim
+    assert model.model.rotary_emb.cos_sin_cache.shape == (96, head_dim)  # max_model_len rows, not 512
