@@ -7,6 +7,8 @@ SGLang each cap a sequence at the length limit they hand us as AtomConfig.max_mo
 max_model_len, SGLang's context_len). `dynamic` (NTK) is evaluated once for the engine's context length, as
 serving engines do; it equals transformers' per-call update whenever the sequence stays within
 the checkpoint's max_position_embeddings.
+
+Rope parameters are read from transformers 5 `rope_parameters` or 4.x `rope_theta` + `rope_scaling`.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
 
 
 def rope_parameters(hf_config: Any) -> dict[str, Any]:
-    """transformers 5 `rope_parameters` or 4.x `rope_theta` + `rope_scaling`, as one dict."""
+    """transformers 5 `rope_parameters`, or 4.x `rope_theta` + `rope_scaling`, as one dict in 5's form."""
     params = dict(getattr(hf_config, "rope_parameters", None) or {})
     scaling = getattr(hf_config, "rope_scaling", None) or {}
     for key, value in scaling.items():
@@ -31,6 +33,9 @@ def rope_parameters(hf_config: Any) -> dict[str, Any]:
     if "rope_theta" not in params:
         params["rope_theta"] = getattr(hf_config, "rope_theta", 10000.0)
     params["rope_type"] = params.get("rope_type") or params.get("type") or "default"
+    # transformers 5 fills the pretraining length into the dict; 4.x falls back to max_position_embeddings.
+    if params["rope_type"] in ("yarn", "llama3") and not params.get("original_max_position_embeddings"):
+        params["original_max_position_embeddings"] = hf_config.max_position_embeddings
     return params
 
 
