@@ -4,9 +4,19 @@ One cos|sin table per model, computed once in float32 for positions 0..max_model
 ([max_model_len, rotary_dim]: cos in the first half, sin in the second) and applied by
 atom_kernels.rotary. No host passes a position >= max_model_len: the native engine, vLLM and
 SGLang each cap a sequence at the length limit they hand us as AtomConfig.max_model_len (vLLM's
-max_model_len, SGLang's context_len). `dynamic` (NTK) is evaluated once for the engine's context length, as
-serving engines do; it equals transformers' per-call update whenever the sequence stays within
-the checkpoint's max_position_embeddings.
+max_model_len, SGLang's context_len).
+
+`dynamic` (NTK): transformers recomputes its frequencies on each forward from the largest
+position seen so far (growing past max_position_embeddings, resetting below it), while the keys
+already in its KV cache keep the frequencies they were rotated with; the result depends on how a
+sequence was fed. We evaluate transformers' own formula once, at
+seq_len = max(max_model_len, max_position_embeddings), i.e. the table of
+`ROPE_INIT_FUNCTIONS["dynamic"](config, seq_len=that)`, for every position. So:
+- max_model_len <= max_position_embeddings: the unscaled base; equal to transformers for every
+  sequence the engine accepts (transformers never scales a sequence of that length);
+- max_model_len > max_position_embeddings: every position (below max_position_embeddings too)
+  uses the base scaled for max_model_len; equal to transformers' model with its rotary frozen at
+  seq_len=max_model_len, not to its per-call update.
 
 Rope parameters are read from transformers 5 `rope_parameters` or 4.x `rope_theta` + `rope_scaling`.
 """
@@ -92,7 +102,7 @@ def compute_inv_freq(p: dict[str, Any], dim: int, max_pos_embeddings: int, conte
         return _base_inv_freq(base, dim) / p["factor"], 1.0
     if rope_type == "llama3":
         return _llama3(_base_inv_freq(base, dim), p), 1.0
-    if rope_type == "dynamic":
+    if rope_type == "dynamic":  # evaluated once for the engine's context (see the module docstring)
         seq_len = max(context_len, max_pos_embeddings)
         factor = p["factor"]
         base = base * ((factor * seq_len / max_pos_embeddings) - (factor - 1)) ** (dim / (dim - 2))
