@@ -1,5 +1,6 @@
-"""Sessions: lint (ruff), tests (CPU: kernels reference + core + native), vllm (real vLLM on CPU),
-sglang (real SGLang on CPU). Each host gets its own venv.
+"""Sessions: lint (ruff), tests (CPU: kernels reference + core + native), tests_min_transformers (the
+same with the lowest transformers we declare), vllm (real vLLM on CPU), sglang (real SGLang on CPU).
+Each host gets its own venv.
 
 `nox` runs the default sessions; `nox -s gpu` is for a GPU machine (Triton kernels, CUDA graphs).
 Reuse venvs locally with `nox -r`.
@@ -12,11 +13,15 @@ import shutil
 
 import nox
 
-nox.options.sessions = ["lint", "tests", "vllm", "sglang"]
+nox.options.sessions = ["lint", "tests", "tests_min_transformers", "vllm", "sglang"]
 nox.options.error_on_missing_interpreters = True
 
 # The CPU wheel of torch this machine (and CI) has; an unpinned torch pulls a multi-GB CUDA build.
 CPU_TORCH = "torch==2.13.0"
+# The lower bound in pyproject.toml: 4.55 and older define yarn differently (factor taken from
+# max_position_embeddings / original_max_position_embeddings) and lack from_pretrained(dtype=...).
+MIN_TRANSFORMERS = "transformers==4.56.0"
+CPU_TESTS = ("tests/kernels", "tests/core", "tests/frontends/native", "-m", "not gpu")
 
 
 def pytest(session: nox.Session, *paths: str) -> None:
@@ -40,7 +45,17 @@ def lint(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     session.install(CPU_TORCH)
     session.install("-e", ".[test]")
-    pytest(session, "tests/kernels", "tests/core", "tests/frontends/native", "-m", "not gpu")
+    pytest(session, *CPU_TESTS)
+    discard_venv_in_ci(session)
+
+
+@nox.session
+def tests_min_transformers(session: nox.Session) -> None:
+    """The `tests` session's tests with the lowest transformers pyproject.toml allows."""
+    session.install(CPU_TORCH)
+    session.install("-e", ".[test]", MIN_TRANSFORMERS)
+    session.run("python", "-c", "import transformers; print('transformers', transformers.__version__)")
+    pytest(session, *CPU_TESTS)
     discard_venv_in_ci(session)
 
 

@@ -17,6 +17,7 @@ from atom_core.layers import (
     ParallelLMHead,
     QKVParallelLinear,
     RMSNorm,
+    RotaryEmbedding,
     RowParallelLinear,
     VocabParallelEmbedding,
     get_act_and_mul,
@@ -56,7 +57,8 @@ def _warn_fused_unsupported(layer_class: str) -> None:
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config: AtomConfig, layer_idx: int, prefix: str, qk_norm: bool) -> None:
+    def __init__(self, config: AtomConfig, layer_idx: int, prefix: str, qk_norm: bool,
+                 rotary_emb: RotaryEmbedding) -> None:
         super().__init__()
         cfg = config.hf_config
         self.head_dim = _head_dim(cfg)
@@ -65,7 +67,7 @@ class LlamaAttention(nn.Module):
         self.qkv_proj = QKVParallelLinear(cfg.hidden_size, self.head_dim, cfg.num_attention_heads, num_kv, bias)
         self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
         self.o_proj = RowParallelLinear(cfg.num_attention_heads * self.head_dim, cfg.hidden_size, bias)
-        self.rotary_emb = get_rope(cfg, self.head_dim, config.max_model_len)
+        self.rotary_emb = rotary_emb  # the model's one table, shared by every layer
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if qk_norm else None
         # Qwen3: q/k norm + rotary + cache write in one kernel; the layer then gets key=None (no 2nd write).
@@ -108,10 +110,11 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: AtomConfig, layer_idx: int, prefix: str, qk_norm: bool) -> None:
+    def __init__(self, config: AtomConfig, layer_idx: int, prefix: str, qk_norm: bool,
+                 rotary_emb: RotaryEmbedding) -> None:
         super().__init__()
         cfg = config.hf_config
-        self.self_attn = LlamaAttention(config, layer_idx, f"{prefix}.self_attn", qk_norm)
+        self.self_attn = LlamaAttention(config, layer_idx, f"{prefix}.self_attn", qk_norm, rotary_emb)
         self.mlp = LlamaMLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -131,8 +134,11 @@ class LlamaModel(nn.Module):
         super().__init__()
         cfg = config.hf_config
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
+        # One cos|sin table [max_model_len, rotary_dim] for all layers (a table per layer cost GiBs).
+        self.rotary_emb = get_rope(cfg, _head_dim(cfg), config.max_model_len)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, i, f"{prefix}.layers.{i}", qk_norm) for i in range(cfg.num_hidden_layers)
+            LlamaDecoderLayer(config, i, f"{prefix}.layers.{i}", qk_norm, self.rotary_emb)
+            for i in range(cfg.num_hidden_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 

@@ -52,6 +52,14 @@ def build_checkpoint(path: str | os.PathLike, arch: str = "Qwen3ForCausalLM", se
         raise ValueError(f"no tiny config for {arch!r}; known: {', '.join(_BASE)}")
     fields = dict(_BASE[arch], vocab_size=320, bos_token_id=1, eos_token_id=2, pad_token_id=0)
     fields.update(overrides)
+    if int(transformers.__version__.split(".")[0]) < 5 and "rope_parameters" in fields:
+        # transformers 4.x has no rope_parameters (it would keep it as an unused attribute): its
+        # equivalent is rope_theta + rope_scaling.
+        rope = dict(fields.pop("rope_parameters"))
+        if "rope_theta" in rope:
+            fields["rope_theta"] = rope.pop("rope_theta")
+        if rope.get("rope_type", "default") != "default":
+            fields["rope_scaling"] = rope
     config_cls = getattr(transformers, arch.replace("ForCausalLM", "Config"))
     config = config_cls(**fields)
     torch.manual_seed(seed)

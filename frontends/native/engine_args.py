@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from atom_core.config import AtomConfig, parse_dtype
+from atom_core.layers.rotary import rope_parameters
 from atom_core.loader import load_hf_config
 
 
@@ -41,8 +42,7 @@ class EngineArgs:
         max_pos = getattr(hf_config, "max_position_embeddings", None)
         max_model_len = self.max_model_len or max_pos or 2048
         if max_pos and max_model_len > max_pos:
-            rope = (getattr(hf_config, "rope_parameters", None) or {}).get("rope_type", "default")
-            if rope == "default":
+            if rope_parameters(hf_config)["rope_type"] == "default":
                 raise ValueError(f"max_model_len={max_model_len} exceeds the checkpoint's max_position_embeddings="
                                  f"{max_pos} and it has no rope scaling; lower max_model_len")
         return AtomConfig(
