@@ -43,12 +43,16 @@ def hf_greedy(path, prompts: list[list[int]], max_new_tokens: int, dtype=torch.f
     (cached per arguments: parity tests and the canary share them)."""
     key = (str(path), tuple(map(tuple, prompts)), max_new_tokens, dtype, device)
     if key not in _cache:
-        model = hf_model(path, dtype, device)
-        outs = generate(model, prompts, max_new_tokens)
-        shuffled = generate(model, [shuffle_context(p) for p in prompts], min(SHUFFLE_TOKENS, max_new_tokens))
-        require_informative(path, prompts, max_new_tokens, outs, shuffled)
-        _cache[key] = outs
+        _cache[key] = informative_greedy(hf_model(path, dtype, device), prompts, max_new_tokens, path)
     return [list(o) for o in _cache[key]]
+
+
+def informative_greedy(model, prompts: list[list[int]], max_new_tokens: int, name) -> list[list[int]]:
+    """`generate`, then `require_informative` on the outputs (`name` says whose they are in the error)."""
+    outs = generate(model, prompts, max_new_tokens)
+    shuffled = generate(model, [shuffle_context(p) for p in prompts], min(SHUFFLE_TOKENS, max_new_tokens))
+    require_informative(name, prompts, max_new_tokens, outs, shuffled)
+    return outs
 
 
 def shuffle_context(prompt: list[int], seed: int = 0) -> list[int]:
