@@ -1,7 +1,8 @@
 """Ops broken on purpose, registered through the dispatcher's public `register()`: a parity test that still
 passes with one of them in place checks nothing (test_canary.py; `pytest --break-op NAME` for any test).
 
-Each break replaces one op for the backend the device runs (torch on CPU, triton on GPU)."""
+Each break replaces one op for the backend the device runs (torch on CPU, triton on GPU). The broken fused
+prologues are made of the dispatched unfused ops, so they can be captured in CUDA graphs as the real one is."""
 
 from __future__ import annotations
 
@@ -10,8 +11,7 @@ from collections.abc import Iterator
 
 import torch
 
-from atom_kernels import dispatch
-from atom_kernels.reference import rms_norm, rotary, write_kv_cache
+from atom_kernels import dispatch, rms_norm, rotary, write_kv_cache
 
 
 def attention_zeros(query, *args, out=None, **kwargs) -> torch.Tensor:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import itertools
 import json
 import logging
@@ -44,8 +45,11 @@ def default_kv_cache_bytes(device: torch.device, most: int) -> tuple[int, str]:
     """(KV cache budget in bytes, what set it), measured now, i.e. after the weights are loaded. `most`: the
     bytes of max_num_seqs sequences of max_model_len tokens, more than a CPU cache ever uses at once."""
     if device.type == "cuda":
+        # Memory torch still caches for dead tensors (an earlier engine's KV cache, say) goes back to the driver
+        # first: counted as free but left cached, its segments need not fit this cache's tensors (out of memory).
+        gc.collect()
+        torch.cuda.empty_cache()
         free, _ = torch.cuda.mem_get_info(device)
-        free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)  # cached by torch, unused
         return int(free * GPU_KV_CACHE_FRACTION), f"{GPU_KV_CACHE_FRACTION:.0%} of free GPU memory"
     bounds = [(CPU_KV_CACHE_MAX, f"the CPU default of at most {_size(CPU_KV_CACHE_MAX)}"),
               (most, "room for max_num_seqs sequences of max_model_len")]

@@ -146,3 +146,16 @@ def test_cli_starts_with_default_arguments(real_checkpoint, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "KV cache" in r.stderr and "max_model_len=" in r.stderr
     assert "tokens: 3" in r.stdout or "finish_reason: stop" in r.stdout
+
+
+@pytest.mark.gpu
+def test_engines_one_after_another_size_their_kv_cache_from_free_memory(checkpoint_factory):
+    """The second engine's default cache must not trip over the first one's memory, still cached by torch."""
+    from atom_frontends.native import LLM, SamplingParams
+
+    path = checkpoint_factory("Qwen3ForCausalLM")
+    for block_size in (16, 4):  # other block sizes: other tensor sizes than the cached segments
+        llm = LLM(path, block_size=block_size)
+        out = llm.generate([[5, 6, 7]], SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)[0]
+        assert len(out.token_ids) == 4
+        del llm, out
