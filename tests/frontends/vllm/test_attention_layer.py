@@ -119,18 +119,25 @@ def _attend_through_op(query, key, value):
     return output
 
 
-@pytest.mark.parametrize("mode", PAD_MODES)
-def test_padded_step_attends_real_rows_zeroes_padding_and_keeps_it_out_of_the_cache(mode):
+def _layer_and_step(seed: int):
+    """A vLLM config, our layer on a vLLM-layout cache holding the step's cached prefixes, the step
+    (CommonAttentionMetadata, query/key/value, every request's K/V) and the cache as it must end up."""
     from vllm.config import VllmConfig
-    from vllm.forward_context import set_forward_context
 
     cfg = VllmConfig()
     layer = _attention(cfg)
-    g = torch.Generator().manual_seed(5)
+    g = torch.Generator().manual_seed(seed)
     common = common_metadata(g)
     layer.kv_cache = vllm_kv_cache()
     query, key, value, k_all, v_all = fill_step(layer.kv_cache, common, g)
-    want_cache = with_step_written(layer.kv_cache, common, key, value)
+    return cfg, layer, common, (query, key, value, k_all, v_all), with_step_written(layer.kv_cache, common, key, value)
+
+
+@pytest.mark.parametrize("mode", PAD_MODES)
+def test_padded_step_attends_real_rows_zeroes_padding_and_keeps_it_out_of_the_cache(mode):
+    from vllm.forward_context import set_forward_context
+
+    cfg, layer, common, (query, key, value, k_all, v_all), want_cache = _layer_and_step(5)
     md = atom_builder().build(0, pad_metadata(common, mode))
     with set_forward_context({PREFIX: md}, cfg):
         out = _attend_through_op(pad_rows(query), pad_rows(key), pad_rows(value))
@@ -174,17 +181,10 @@ def test_micro_batches_attend_in_their_own_forward_contexts():
     """Dual-batch overlap as vLLM 0.32 runs it for a backend without full CUDA graphs: the padded step
     split in two at row 15 (inside the 13-token prefill), metadata per micro-batch by vLLM's
     split_attn_metadata, the last micro-batch's rows padded beyond its metadata."""
-    from vllm.config import VllmConfig
     from vllm.forward_context import set_forward_context
     from vllm.v1.worker.ubatch_utils import maybe_create_ubatch_slices, split_attn_metadata
 
-    cfg = VllmConfig()
-    layer = _attention(cfg)
-    g = torch.Generator().manual_seed(6)
-    common = common_metadata(g)
-    layer.kv_cache = vllm_kv_cache()
-    query, key, value, k_all, v_all = fill_step(layer.kv_cache, common, g)
-    want_cache = with_step_written(layer.kv_cache, common, key, value)
+    cfg, layer, common, (query, key, value, k_all, v_all), want_cache = _layer_and_step(6)
     n = common.num_actual_tokens
     slices, padded_slices = maybe_create_ubatch_slices(True, np.array([q for _, q in REQUESTS]),
                                                        n + PAD_TOKENS, len(REQUESTS), 2)
