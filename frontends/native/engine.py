@@ -29,16 +29,37 @@ CPU_KV_CACHE_FRACTION = 0.5  # of MemAvailable once the weights are loaded (acti
 CPU_KV_CACHE_MAX = 4 * GIB  # as vLLM's CPU default (VLLM_CPU_KVCACHE_SPACE=4): a big host is not emptied
 
 
+def _read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):  # absent, or "max" (no limit)
+        return None
+
+
+def _cgroup_room(root: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """Bytes this container's memory cgroup still allows (limit - usage; v2, else v1), None without a limit.
+    A container sees the host's MemAvailable, not its own limit."""
+    for limit_file, usage_file in (("memory.max", "memory.current"),
+                                   ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
+        limit, usage = _read_int(root / limit_file), _read_int(root / usage_file)
+        if limit is not None and usage is not None and limit < 1 << 60:  # v1 writes ~2**63 for "no limit"
+            return max(limit - usage, 0)
+    return None
+
+
 def _mem_available() -> int | None:
-    """Linux's MemAvailable in bytes (free memory plus what the kernel can reclaim), None elsewhere."""
+    """Bytes of memory free for us: Linux's MemAvailable (free plus what the kernel can reclaim), capped by
+    the memory cgroup's remaining room; None where neither can be read."""
+    meminfo = None
     try:
         with open("/proc/meminfo") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+                    meminfo = int(line.split()[1]) * 1024
     except OSError:
         pass
-    return None
+    known = [n for n in (meminfo, _cgroup_room()) if n is not None]
+    return min(known) if known else None
 
 
 def default_kv_cache_bytes(device: torch.device, most: int) -> tuple[int, str]:

@@ -159,3 +159,20 @@ def test_engines_one_after_another_size_their_kv_cache_from_free_memory(checkpoi
         out = llm.generate([[5, 6, 7]], SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)[0]
         assert len(out.token_ids) == 4
         del llm, out
+
+
+def test_cgroup_limit_caps_the_memory_a_container_sees(tmp_path):
+    from atom_frontends.native.engine import _cgroup_room
+
+    assert _cgroup_room(tmp_path) is None  # no cgroup files: no limit known
+    (tmp_path / "memory").mkdir()
+    (tmp_path / "memory" / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # v1: no limit
+    (tmp_path / "memory" / "memory.usage_in_bytes").write_text("5000\n")
+    assert _cgroup_room(tmp_path) is None
+    (tmp_path / "memory" / "memory.limit_in_bytes").write_text("8000\n")
+    assert _cgroup_room(tmp_path) == 3000
+    (tmp_path / "memory.max").write_text("max\n")  # v2 without a limit, v1 files left: v1 decides
+    (tmp_path / "memory.current").write_text("100\n")
+    assert _cgroup_room(tmp_path) == 3000
+    (tmp_path / "memory.max").write_text("1000\n")
+    assert _cgroup_room(tmp_path) == 900
