@@ -112,3 +112,13 @@ def test_n_seeded_is_reproducible_and_greedy_n_matches_hf(setup):
     greedy = llm.generate(prompts, SamplingParams(n=2, temperature=0.0, max_tokens=8), use_tqdm=False)
     ref = hf_greedy(path, prompts, 8)
     assert [[c.token_ids for c in o.outputs] for o in greedy] == [[r, r] for r in ref]
+
+
+def test_n_when_sample_0_finishes_in_its_prefill(setup):
+    """max_tokens=1: sample 0 is done (its blocks freed) before the others start; they compute the prompt
+    themselves (or from the prefix cache) and still match transformers."""
+    llm, path = setup
+    prompt = random_prompts([18], seed=36)[0]
+    out = llm.generate([prompt], SamplingParams(n=3, temperature=0.0, max_tokens=1), use_tqdm=False)[0]
+    assert [c.token_ids for c in out.outputs] == [hf_greedy(path, [prompt], 1)[0]] * 3
+    assert llm.engine.block_manager.num_free_blocks == llm.engine.block_manager.num_blocks
