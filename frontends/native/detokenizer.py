@@ -21,8 +21,9 @@ class Detokenizer:
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
-    def add(self, token_id: int) -> str | None:
-        """Append one token; return the stop string it completed (the text is then cut there), else None."""
+    def add(self, token_id: int, check_stop: bool = True) -> str | None:
+        """Append one token; return the stop string it completed (the text is then cut there), else None.
+        check_stop=False (within min_tokens, as vLLM): the text this token adds is not searched."""
         self.ids.append(token_id)
         if not self.stop:  # nothing to watch for: finish() decodes the whole output once
             return None
@@ -32,7 +33,7 @@ class Detokenizer:
         if len(full) > len(prefix) and not full.endswith(REPLACEMENT):
             self.text += full[len(prefix) :]
             self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
-        return self._check_stop(len(self.text) - before)
+        return self._check_stop(len(self.text) - before) if check_stop else None
 
     def _check_stop(self, new_chars: int) -> str | None:
         """The stop string that appears first in the text, searching only where the new characters could

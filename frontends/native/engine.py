@@ -244,8 +244,9 @@ class LLMEngine:
         """Set req.finish_reason / stop_reason when tok ends it. A stop string wins over the other reasons,
         as in vLLM (the text is cut there); an EOS token gives no stop_reason, a stop token its id."""
         n = len(req.output_token_ids)
-        stop_str = req.detokenizer.add(tok) if req.detokenizer is not None else None
-        if stop_str is not None and n >= req.params.min_tokens:
+        # vLLM searches for stop strings only past min_tokens, and only in the text added since
+        stop_str = req.detokenizer.add(tok, n > req.params.min_tokens) if req.detokenizer is not None else None
+        if stop_str is not None:
             req.finish_reason, req.stop_reason = "stop", stop_str
         elif tok in req.stop_ids and n >= req.params.min_tokens:
             req.finish_reason = "stop"

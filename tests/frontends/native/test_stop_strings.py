@@ -71,6 +71,22 @@ def test_first_stop_string_to_appear_wins(setup):
     assert (c.text, c.token_ids, c.stop_reason) == (text, ids, first)
 
 
+def test_no_stop_string_within_min_tokens(setup):
+    """vLLM: a stop string completed by one of the first min_tokens tokens does not count."""
+    llm, prompt, ref = setup
+    tok = llm.tokenizer
+    full = tok.decode(ref, skip_special_tokens=True)
+    stop = next(w for i in range(1, len(full)) if (w := _window(full, i, 2)) and full.count(w) == 1)
+    _, ids, _ = _expected(tok, ref, [stop])
+    assert len(ids) < NEW
+    c = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=NEW, stop=stop, min_tokens=len(ids)),
+                     use_tqdm=False)[0].outputs[0]
+    assert (c.token_ids, c.text, c.finish_reason, c.stop_reason) == (ref, full, "length", None)
+    c = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=NEW, stop=stop, min_tokens=len(ids) - 1),
+                     use_tqdm=False)[0].outputs[0]
+    assert (c.token_ids, c.stop_reason) == (ids, stop)
+
+
 def test_text_without_stop_equals_hf_decode(setup):
     llm, prompt, ref = setup
     c = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=NEW, stop="never appears"),
