@@ -113,11 +113,11 @@ def _random(logits: torch.Tensor, reqs: list[Request], generator: torch.Generato
 
 
 def top_logprobs(logprobs: torch.Tensor, chosen: torch.Tensor, n: int) -> list[LogprobRow]:
-    """logprobs [N, V], chosen [N] → per row (ids, logprobs, ranks): the chosen token with its rank (1 +
-    the tokens strictly more likely), then the n most likely with ranks 1..n. One host read: ids and ranks
-    travel as float64 with the logprobs (exact below 2**53)."""
+    """logprobs [N, V], chosen [N] → per row (ids, logprobs, ranks): the chosen token with its rank (as
+    vLLM: the tokens at least as likely, itself included), then the n most likely with ranks 1..n. One host
+    read: ids and ranks travel as float64 with the logprobs (exact below 2**53)."""
     lp_chosen = logprobs.gather(1, chosen.unsqueeze(1))
-    rank = (logprobs > lp_chosen).sum(dim=-1, keepdim=True) + 1
+    rank = (logprobs >= lp_chosen).sum(dim=-1, keepdim=True)
     top_lp, top_ids = logprobs.topk(n, dim=-1)
     top_ranks = torch.arange(1, n + 1, device=rank.device).expand(len(rank), n)
     ids, lps, ranks = torch.stack([torch.cat([chosen.unsqueeze(1), top_ids], dim=1).double(),

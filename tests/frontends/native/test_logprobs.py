@@ -32,7 +32,7 @@ def _check(entry: dict, ref: torch.Tensor, chosen: int, n: int, tok) -> None:
     assert set(entry) == {chosen, *top}
     for t, lp in entry.items():
         assert abs(lp.logprob - ref[t].item()) < TOL
-        assert lp.rank == int((ref > ref[t]).sum()) + 1  # 1 + tokens strictly more likely
+        assert lp.rank == int((ref >= ref[t]).sum())  # vLLM's rank: the tokens at least as likely
         assert lp.decoded_token == tok.decode([t])
     assert [entry[t].rank for t in top] == list(range(1, n + 1))
 
@@ -88,3 +88,18 @@ def test_prompt_logprobs_chunked_and_not_from_the_prefix_cache(setup):
 def test_bad_logprobs(field, value, error):
     with pytest.raises(error, match=f"SamplingParams.{field}"):
         SamplingParams(**{field: value})
+
+
+def test_prompt_logprobs_survive_preemption(checkpoint_factory):
+    """A request preempted after its prefill recomputes its prompt: its prompt logprobs are not repeated."""
+    path = checkpoint_factory("LlamaForCausalLM")
+    llm = LLM(path, block_size=4, num_kv_blocks=16, max_model_len=64, max_num_batched_tokens=8)
+    first, prompt = random_prompts([20, 30], seed=54)
+    outs = llm.generate([first, prompt], [SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True),
+                                          SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True,
+                                                         prompt_logprobs=TOP)], use_tqdm=False)
+    assert llm.engine.scheduler.num_preemptions > 0
+    out, ref = outs[1], _hf_logprobs(hf_model(path), prompt)
+    assert len(out.prompt_logprobs) == len(prompt)
+    for p in range(1, len(prompt)):
+        _check(out.prompt_logprobs[p], ref[p - 1], prompt[p], TOP, llm.tokenizer)
