@@ -190,8 +190,10 @@ class LLMEngine:
                 request_id: str | None = None) -> str:
         """Queue a request whose prompt and params came out of check_prompt / check_params: its n samples
         as n sequences; samples 1.. wait for sample 0's prefill and then share its prompt blocks."""
-        rid = request_id or str(next(self._ids))
-        if rid in self._groups:
+        rid = request_id
+        while rid is None or (request_id is None and rid in self._groups):  # auto ids skip the ids users gave
+            rid = str(next(self._ids))
+        if request_id is not None and rid in self._groups:
             raise ValueError(f"request_id {rid!r} is already in use; give each live request its own id")
         samples = []
         for i in range(params.n):
@@ -241,22 +243,26 @@ class LLMEngine:
         return finished
 
     def _check_stop(self, req: Request, tok: int) -> bool:
-        """Set req.finish_reason / stop_reason when tok ends it. A stop string wins over the other reasons,
-        as in vLLM (the text is cut there); an EOS token gives no stop_reason, a stop token its id."""
-        n = len(req.output_token_ids)
-        # vLLM searches for stop strings only past min_tokens, and only in the text added since
-        stop_str = req.detokenizer.add(tok, n > req.params.min_tokens) if req.detokenizer is not None else None
-        if stop_str is not None:
-            req.finish_reason, req.stop_reason = "stop", stop_str
-        elif tok in req.stop_ids and n >= req.params.min_tokens:
+        """Set req.finish_reason / stop_reason when tok ends it, as vLLM: an EOS or stop token gives "stop"
+        (stop_reason None for EOS, the id for a stop token) and its text stays out of the output unless
+        include_stop_str_in_output; a stop string gives "stop" (the text is cut there), even at max_tokens."""
+        n, d = len(req.output_token_ids), req.detokenizer
+        if tok in req.stop_ids and n >= req.params.min_tokens:
             req.finish_reason = "stop"
             req.stop_reason = None if tok in self.eos_token_ids and not req.params.ignore_eos else tok
-        elif n >= req.params.max_tokens or req.num_tokens >= self.config.max_model_len:
-            req.finish_reason = "length"
+            if d is not None and req.params.include_stop_str_in_output:
+                d.add(tok, check_stop=False)
         else:
-            return False
-        if req.detokenizer is not None and not isinstance(req.stop_reason, str):
-            req.detokenizer.finish()
+            # stop strings are searched for only past min_tokens, in the text added since (vLLM)
+            stop_str = d.add(tok, n > req.params.min_tokens) if d is not None else None
+            if stop_str is not None:
+                req.finish_reason, req.stop_reason = "stop", stop_str
+            elif n >= req.params.max_tokens or req.num_tokens >= self.config.max_model_len:
+                req.finish_reason = "length"
+            else:
+                return False
+        if d is not None and not isinstance(req.stop_reason, str):
+            d.finish()
         return True
 
     def _logprob_dicts(self, rows: list[tuple[list[int], list[float], list[int]]]) -> list[dict[int, Logprob]]:

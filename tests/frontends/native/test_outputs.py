@@ -122,3 +122,28 @@ def test_n_when_sample_0_finishes_in_its_prefill(setup):
     out = llm.generate([prompt], SamplingParams(n=3, temperature=0.0, max_tokens=1), use_tqdm=False)[0]
     assert [c.token_ids for c in out.outputs] == [hf_greedy(path, [prompt], 1)[0]] * 3
     assert llm.engine.block_manager.num_free_blocks == llm.engine.block_manager.num_blocks
+
+
+@pytest.mark.parametrize("include", [False, True])
+def test_stop_token_text_is_left_out(setup, include):
+    """vLLM: the text of the stop token that ended a sample is not in `text` (its id is in token_ids),
+    unless include_stop_str_in_output."""
+    llm, path = setup
+    prompt = random_prompts([11], seed=37)[0]
+    ref = hf_greedy(path, [prompt], 8)[0]
+    first = ref.index(ref[4])
+    sp = SamplingParams(temperature=0.0, max_tokens=8, stop_token_ids=[ref[4]], include_stop_str_in_output=include)
+    c = llm.generate([prompt], sp, use_tqdm=False)[0].outputs[0]
+    kept = ref[: first + 1] if include else ref[:first]
+    assert c.token_ids == ref[: first + 1] and c.text == llm.tokenizer.decode(kept, skip_special_tokens=True)
+
+
+def test_request_ids(setup):
+    llm, _ = setup
+    engine = llm.engine
+    engine.add_request([5, 6, 7], GREEDY, request_id="0")
+    with pytest.raises(ValueError, match="request_id '0' is already in use"):
+        engine.add_request([5, 6, 7], GREEDY, request_id="0")
+    auto = [engine.add_request([5, 6, 7], GREEDY) for _ in range(3)]  # the counter skips the live "0"
+    assert "0" not in auto and len(set(auto)) == 3
+    assert set(_drain(engine)) == {"0", *auto}
