@@ -40,7 +40,7 @@ def bench_native(path, prompts, new_tokens):
     t = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
     elapsed = time.perf_counter() - t
-    assert all(len(o.token_ids) == new_tokens for o in outs)
+    assert all(len(o.outputs[0].token_ids) == new_tokens for o in outs)
     return len(prompts) * new_tokens / elapsed
 
 

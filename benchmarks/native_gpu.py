@@ -167,7 +167,7 @@ def native_decode(llm, prompts) -> tuple[float, float, list[list[int]]]:
     if jit.count:
         print(f"  note: Triton compiled {jit} inside the timed batch-{len(prompts)} decode")
     graph_ms = timer.seconds() * 1e3 / max(len(timer.events), 1)
-    return len(prompts) * (NEW - 1) / (tn - t1), graph_ms, [o.token_ids for o in outs]
+    return len(prompts) * (NEW - 1) / (tn - t1), graph_ms, [o.outputs[0].token_ids for o in outs]
 
 
 def native_engine(path: str, fused: bool, **kw):
@@ -252,7 +252,7 @@ def throughput(path: str) -> None:
     timer = GraphTimer(llm)
     with JitWatch() as jit:
         outs, t = timed(lambda: llm.generate(prompts, params, use_tqdm=False))
-    n_out = sum(len(o.token_ids) for o in outs)
+    n_out = sum(len(o.outputs[0].token_ids) for o in outs)
     assert n_out == sum(o for _, o in lens)
     n_in = sum(p for p, _ in lens)
     graph_s = timer.seconds()

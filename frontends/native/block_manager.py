@@ -42,8 +42,10 @@ class BlockManager:
 
         At least one token is left uncached, because the step must compute something to sample.
         """
-        if not self.enable_prefix_caching or req.block_ids:
-            return 0
+        if req.block_ids:  # forked from sample 0 of its request
+            return len(req.block_ids) * self.block_size
+        if not self.enable_prefix_caching or req.params.prompt_logprobs is not None:
+            return 0  # prompt logprobs need every prompt position's logits (vLLM's rule too)
         tokens, bs = req.all_token_ids, self.block_size
         parent = None
         for j in range((len(tokens) - 1) // bs):
@@ -56,6 +58,17 @@ class BlockManager:
             req.block_hashes.append(h)
             parent = h
         return len(req.block_ids) * bs
+
+    def fork(self, parent: Request, child: Request) -> int:
+        """Share the parent's full prompt blocks with a new sample of the same prompt (ref counts + 1);
+        return the tokens they hold. At least one prompt token is left for the child to compute, so it
+        samples its own first token; the partial last block is not shared, as both would write to it."""
+        k = (len(parent.prompt_token_ids) - 1) // self.block_size
+        for bid in parent.block_ids[:k]:
+            self._take(bid)
+        child.block_ids = parent.block_ids[:k]
+        child.block_hashes = parent.block_hashes[:k]
+        return k * self.block_size
 
     def allocate(self, req: Request, num_tokens: int) -> bool:
         """Give `req` enough blocks for `num_tokens` tokens; False (and no change) if not enough are free."""

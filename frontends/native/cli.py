@@ -55,8 +55,9 @@ def _generate(args: argparse.Namespace) -> int:
     prompts = args.prompt or ["Hello, my name is", "The capital of France is"]
     for out in llm.generate(prompts, params):
         print(f"--- prompt: {out.prompt!r}")
-        print(f"    output: {out.text!r}")
-        print(f"    tokens: {len(out.token_ids)}, finish_reason: {out.finish_reason}")
+        c = out.outputs[0]
+        print(f"    output: {c.text!r}")
+        print(f"    tokens: {len(c.token_ids)}, finish_reason: {c.finish_reason}")
     return 0
 
 

@@ -14,10 +14,11 @@ import torch
 from atom_core.loader import load_model
 from atom_core.plugins import current_platform, translate_config
 from atom_frontends.native.block_manager import BlockManager
+from atom_frontends.native.detokenizer import Detokenizer
 from atom_frontends.native.engine_args import EngineArgs
 from atom_frontends.native.hooks import NATIVE
 from atom_frontends.native.model_runner import ModelRunner
-from atom_frontends.native.request import Request, RequestOutput, Status
+from atom_frontends.native.request import CompletionOutput, Logprob, Request, RequestOutput, Status
 from atom_frontends.native.sampling_params import SamplingParams
 from atom_frontends.native.scheduler import Scheduler
 
@@ -127,6 +128,8 @@ class LLMEngine:
         self.eos_token_ids = eos_token_ids(args.model, self.config.hf_config)
         self.vocab_size = self.config.hf_config.vocab_size
         self._ids = itertools.count()
+        self._groups: dict[str, list[Request]] = {}  # live request id → its n samples
+        self._aborted: list[RequestOutput] = []  # outputs of aborted requests, for the next step()
 
     def _num_kv_blocks(self) -> int:
         """Blocks of the KV cache, from the memory free now that the weights are loaded. When the user left
@@ -186,14 +189,17 @@ class LLMEngine:
         self.validate_prompt(ids)
         return text, ids
 
-    @staticmethod
-    def check_params(params: SamplingParams | None) -> SamplingParams:
+    def check_params(self, params: SamplingParams | None) -> SamplingParams:
         """A validated copy of params: the request keeps the copy, so changing params later cannot reach it."""
         if params is None:
             return SamplingParams()
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
-        return dataclasses.replace(params)  # runs __post_init__, i.e. SamplingParams.validate()
+        params = dataclasses.replace(params)  # runs __post_init__, i.e. SamplingParams.validate()
+        if params.stop and self.tokenizer is None:
+            raise ValueError("SamplingParams.stop needs a tokenizer and this checkpoint has none; "
+                             "use stop_token_ids instead")
+        return params
 
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str | None = None) -> str:
@@ -203,58 +209,119 @@ class LLMEngine:
 
     def enqueue(self, text: str | None, ids: list[int], params: SamplingParams,
                 request_id: str | None = None) -> str:
-        """Queue a request whose prompt and params came out of check_prompt / check_params."""
-        req = Request(request_id or str(next(self._ids)), text, ids, params, self.eos_token_ids)
-        if params.seed is not None:
-            req.generator = torch.Generator(device=self.platform.device).manual_seed(params.seed)
-        self.scheduler.add(req)
-        return req.request_id
+        """Queue a request whose prompt and params came out of check_prompt / check_params: its n samples
+        as n sequences; samples 1.. wait for sample 0's prefill and then share its prompt blocks."""
+        rid = request_id
+        while rid is None or (request_id is None and rid in self._groups):  # auto ids skip the ids users gave
+            rid = str(next(self._ids))
+        if request_id is not None and rid in self._groups:
+            raise ValueError(f"request_id {rid!r} is already in use; give each live request its own id")
+        samples = []
+        for i in range(params.n):
+            req = Request(rid, text, ids, params, self.eos_token_ids, index=i,
+                          fork_parent=samples[0] if samples else None)
+            if params.seed is not None:  # per-sample streams, as vLLM: sample i uses seed + i
+                req.generator = torch.Generator(device=self.platform.device).manual_seed(params.seed + i)
+            if self.tokenizer is not None:
+                req.detokenizer = Detokenizer(self.tokenizer, params.stop, params.include_stop_str_in_output)
+            if params.logprobs is not None:
+                req.logprobs = []
+            samples.append(req)
+            self.scheduler.add(req)
+        if params.prompt_logprobs is not None:
+            samples[0].prompt_logprobs = [None]
+        self._groups[rid] = samples
+        return rid
 
     # ---- the loop ----------------------------------------------------------------------------
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or bool(self._aborted)
 
     def step(self) -> list[RequestOutput]:
-        """Run one batch; return the requests that finished in it."""
+        """Run one batch; return the requests that finished in it (and those aborted since the last step)."""
+        finished, self._aborted = self._aborted, []
         batch = self.scheduler.schedule()
         if not batch:
-            return []
-        tokens = self.runner.execute(batch)
-        finished = []
-        for s, tok in zip(batch, tokens):
+            return finished
+        results = self.runner.execute(batch)
+        for s, res in zip(batch, results):
             req = s.request
             req.num_computed_tokens += s.num_new_tokens
             # before a finished request frees its blocks: those it filled in this last step count too
             self.block_manager.cache_full_blocks(req)
-            if tok is not None:
-                req.output_token_ids.append(tok)
-                reason = self._finish_reason(req, tok)
-                if reason:
-                    self.scheduler.finish(req, reason)
-                    finished.append(self._output(req))
+            if res.prompt_logprobs:
+                req.prompt_logprobs += self._logprob_dicts(res.prompt_logprobs)
+            if res.token is None:
+                continue
+            req.output_token_ids.append(res.token)
+            if res.logprobs is not None:
+                req.logprobs += self._logprob_dicts([res.logprobs])
+            if self._check_stop(req, res.token):
+                self.scheduler.finish(req, req.finish_reason)
+                group = self._groups[req.request_id]
+                if all(r.status is Status.FINISHED for r in group):
+                    finished.append(self._output(group))
         return finished
 
-    def _finish_reason(self, req: Request, tok: int) -> str | None:
-        n = len(req.output_token_ids)
+    def _check_stop(self, req: Request, tok: int) -> bool:
+        """Set req.finish_reason / stop_reason when tok ends it, as vLLM: an EOS or stop token gives "stop"
+        (stop_reason None for EOS, the id for a stop token) and its text stays out of the output unless
+        include_stop_str_in_output; a stop string gives "stop" (the text is cut there), even at max_tokens."""
+        n, d = len(req.output_token_ids), req.detokenizer
         if tok in req.stop_ids and n >= req.params.min_tokens:
-            return "stop"
-        if n >= req.params.max_tokens or req.num_tokens >= self.config.max_model_len:
-            return "length"
-        return None
+            req.finish_reason = "stop"
+            req.stop_reason = None if tok in self.eos_token_ids and not req.params.ignore_eos else tok
+            if d is not None and req.params.include_stop_str_in_output:
+                d.add(tok, check_stop=False)
+        else:
+            # stop strings are searched for only past min_tokens, in the text added since (vLLM)
+            stop_str = d.add(tok, n > req.params.min_tokens) if d is not None else None
+            if stop_str is not None:
+                req.finish_reason, req.stop_reason = "stop", stop_str
+            elif n >= req.params.max_tokens or req.num_tokens >= self.config.max_model_len:
+                req.finish_reason = "length"
+            else:
+                return False
+        if d is not None and not isinstance(req.stop_reason, str):
+            d.finish()
+        return True
 
-    def _output(self, req: Request) -> RequestOutput:
-        text = None
-        if self.tokenizer is not None:
-            text = self.tokenizer.decode(req.output_token_ids, skip_special_tokens=True)
-        return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, list(req.output_token_ids), text,
-                             req.finish_reason, max(req.num_cached_tokens, 0))
+    def _logprob_dicts(self, rows: list[tuple[list[int], list[float], list[int]]]) -> list[dict[int, Logprob]]:
+        """Per position (token ids, logprobs, ranks) → {token id: Logprob}, decoded tokens when a tokenizer exists."""
+        out = []
+        for ids, lps, ranks in rows:
+            # as vLLM: each token decoded on its own (a byte of a multi-byte character reads U+FFFD)
+            words = [self.tokenizer.decode([t]) if self.tokenizer is not None else None for t in ids]
+            out.append({t: Logprob(lp, r, w) for t, lp, r, w in zip(ids, lps, ranks, words)})
+        return out
+
+    def _output(self, group: list[Request]) -> RequestOutput:
+        head = group[0]
+        del self._groups[head.request_id]
+        outs = [CompletionOutput(r.index, r.detokenizer.text if r.detokenizer is not None else "",
+                                 list(r.output_token_ids), _cumulative(r.logprobs, r.output_token_ids), r.logprobs,
+                                 r.finish_reason, r.stop_reason) for r in group]
+        return RequestOutput(head.request_id, head.prompt, head.prompt_token_ids, head.prompt_logprobs, outs, True,
+                             max(head.num_cached_tokens, 0))
 
     def abort(self, request_id: str) -> bool:
-        for req in list(self.scheduler.running) + list(self.scheduler.waiting):
-            if req.request_id == request_id:
-                if req.status is Status.RUNNING:
-                    self.scheduler.finish(req, "abort")
-                else:
-                    self.scheduler.waiting.remove(req)
-                return True
-        return False
+        """Stop a request; its output (finish_reason "abort") comes out of the next step()."""
+        group = self._groups.get(request_id)
+        if group is None:
+            return False
+        for req in group:
+            if req.status is Status.RUNNING:
+                self.scheduler.finish(req, "abort")
+            elif req.status is Status.WAITING:
+                self.scheduler.waiting.remove(req)
+                req.status, req.finish_reason = Status.FINISHED, "abort"
+            else:
+                continue
+            if req.detokenizer is not None:
+                req.detokenizer.finish()
+        self._aborted.append(self._output(group))
+        return True
+
+
+def _cumulative(logprobs: list[dict[int, Logprob]] | None, tokens: list[int]) -> float | None:
+    return None if logprobs is None else sum(d[t].logprob for d, t in zip(logprobs, tokens))

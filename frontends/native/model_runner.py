@@ -17,7 +17,7 @@ from atom_core.platform import Platform
 from atom_core.plugins import metadata_builder
 from atom_frontends.native.attention import NativeAttention
 from atom_frontends.native.cuda_graphs import DecodeGraphs, batch_size_ladder, why_not_capturable
-from atom_frontends.native.sampler import sample
+from atom_frontends.native.sampler import SeqResult, sample, to_device, top_logprobs
 from atom_frontends.native.scheduler import Scheduled
 
 FP8_KV = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn}
@@ -76,8 +76,8 @@ class ModelRunner:
         return self.graphs.padded_size(len(batch))
 
     @torch.inference_mode()
-    def execute(self, batch: list[Scheduled]) -> list[int | None]:
-        """Returns the sampled token of each scheduled request that completed, None for partial chunks."""
+    def execute(self, batch: list[Scheduled]) -> list[SeqResult]:
+        """One result per scheduled request: its sampled token (None for partial chunks), logprobs asked for."""
         size = self._graph_size(batch)
         step = self.inputs.build(batch, graph_size=size)
         if size is None:
@@ -85,12 +85,29 @@ class ModelRunner:
                 hidden = self.model(step.input_ids, step.metadata.positions)
         else:
             hidden = self.graphs.replay(size)
+        result = [SeqResult() for _ in batch]
+        if any(s.request.prompt_logprobs is not None for s in batch):
+            self._prompt_logprobs(batch, hidden, result)
         rows = [i for i, s in enumerate(batch) if s.completes]
-        result: list[int | None] = [None] * len(batch)
         if not rows:
             return result
         logits = self.model.compute_logits(hidden[step.logits_indices])
-        tokens = sample(logits, [batch[i].request for i in rows], self.generator)
-        for i, tok in zip(rows, tokens):
-            result[i] = tok
+        for i, res in zip(rows, sample(logits, [batch[i].request for i in rows], self.generator)):
+            res.prompt_logprobs = result[i].prompt_logprobs
+            result[i] = res
         return result
+
+    def _prompt_logprobs(self, batch: list[Scheduled], hidden: torch.Tensor, result: list[SeqResult]) -> None:
+        """For requests that ask for prompt logprobs: the logprobs of each prompt token this chunk predicts
+        (hidden row of position p → prompt token p + 1), skipping positions a recompute already gave."""
+        start = 0  # the chunk of batch[i] is hidden[start : start + num_new_tokens]
+        for s, res in zip(batch, result):
+            req = s.request
+            first, n = max(req.num_computed_tokens, len(req.prompt_logprobs or [None]) - 1), req.params.prompt_logprobs
+            end = min(req.num_computed_tokens + s.num_new_tokens, len(req.prompt_token_ids) - 1)
+            if req.prompt_logprobs is not None and first < end:
+                rows = torch.arange(first, end, device=hidden.device) - req.num_computed_tokens + start
+                logprobs = self.model.compute_logits(hidden[rows]).float().log_softmax(dim=-1)
+                targets = to_device(req.prompt_token_ids[first + 1 : end + 1], torch.int64, hidden.device)
+                res.prompt_logprobs = top_logprobs(logprobs, targets, n)
+            start += s.num_new_tokens

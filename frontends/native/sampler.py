@@ -1,17 +1,32 @@
-"""Sampling: greedy, temperature, top-k, top-p, per-request seeds, min_tokens masking.
+"""Sampling: penalties, greedy, temperature, min_p, top-k, top-p, per-request seeds, min_tokens masking,
+and logprobs, in vLLM's order (raw logprobs → min_tokens → penalties → greedy | temperature → min_p →
+top-k/top-p → draw).
 
 Vectorised over the batch and free of host syncs until the final read of the sampled ids: per-request
-values travel to the device in one non-blocking copy from pinned memory.
+values travel to the device in one non-blocking copy from pinned memory. Requests that ask for logprobs
+add one more read.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from atom_frontends.native.request import Request
 
+# one position's logprobs as the sampler reads them: (token ids, logprobs, ranks), the chosen token first
+LogprobRow = tuple[list[int], list[float], list[int]]
 
-def _to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+
+@dataclass
+class SeqResult:
+    token: int | None = None  # None: a partial prefill chunk, nothing sampled
+    logprobs: LogprobRow | None = None
+    prompt_logprobs: list[LogprobRow] | None = None
+
+
+def to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A host list as a device tensor without waiting (pinned staging on GPU)."""
     t = torch.tensor(values, dtype=dtype, pin_memory=device.type == "cuda")
     return t.to(device, non_blocking=True)
@@ -26,8 +41,38 @@ def _mask_stop_tokens(logits: torch.Tensor, reqs: list[Request]) -> None:
             rows += [row] * len(ids)
             cols += ids
     if rows:
-        index = _to_device([rows, cols], torch.int64, logits.device)
+        index = to_device([rows, cols], torch.int64, logits.device)
         logits[index[0], index[1]] = float("-inf")
+
+
+def _token_counts(token_lists: list[list[int]], vocab: int, device: torch.device) -> torch.Tensor:
+    """[N, V] occurrences of each token id in each row's list (one padded scatter, pad id = V)."""
+    width = max(1, max(len(t) for t in token_lists))
+    padded = to_device([t + [vocab] * (width - len(t)) for t in token_lists], torch.int64, device)
+    counts = torch.zeros(len(token_lists), vocab + 1, dtype=torch.float32, device=device)
+    return counts.scatter_add_(1, padded, torch.ones_like(padded, dtype=torch.float32))[:, :vocab]
+
+
+def apply_penalties(logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
+    """logits [N, V] float32 → penalized, as vLLM: repetition (HF's rule: divide positive logits, multiply
+    negative ones) over prompt + output tokens, then frequency (per output occurrence) and presence
+    (once per output token)."""
+    vocab, dev = logits.shape[1], logits.device
+    out_counts = _token_counts([r.output_token_ids for r in reqs], vocab, dev)
+    seen = _token_counts([r.prompt_token_ids for r in reqs], vocab, dev).bool() | out_counts.bool()
+    rep, freq, pres = to_device([[r.params.repetition_penalty for r in reqs],
+                                  [r.params.frequency_penalty for r in reqs],
+                                  [r.params.presence_penalty for r in reqs]], torch.float32, dev)
+    rep = torch.where(seen, rep.unsqueeze(1), 1.0)
+    logits = torch.where(logits > 0, logits / rep, logits * rep)
+    return logits - freq.unsqueeze(1) * out_counts - pres.unsqueeze(1) * out_counts.bool()
+
+
+def _min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Drop tokens whose probability is below min_p [N] times the row's largest (0 = off)."""
+    probs = logits.softmax(dim=-1)
+    keep = probs >= min_p.unsqueeze(1) * probs.amax(dim=-1, keepdim=True)
+    return logits.masked_fill(~keep, float("-inf"))
 
 
 def _top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -51,21 +96,52 @@ def _draw(probs: torch.Tensor, reqs: list[Request], generator: torch.Generator |
     return (probs / noise).argmax(dim=-1)
 
 
-def sample(logits: torch.Tensor, reqs: list[Request], generator: torch.Generator | None) -> list[int]:
-    """logits [N, V] (one row per request) → one token id per request."""
-    _mask_stop_tokens(logits, reqs)
-    greedy = logits.argmax(dim=-1)  # argmax is exact in any float dtype
-    if all(r.params.greedy for r in reqs):
-        return greedy.tolist()
+def _random(logits: torch.Tensor, reqs: list[Request], generator: torch.Generator | None) -> torch.Tensor:
+    """[N] tokens drawn after temperature, min_p and top-k/top-p (greedy rows get their argmax later)."""
     vocab, dev = logits.shape[1], logits.device
-    params = _to_device([[r.params.temperature or 1.0 for r in reqs],
+    params = to_device([[r.params.temperature or 1.0 for r in reqs],
                          [r.params.top_k if r.params.top_k > 0 else vocab for r in reqs],
                          [r.params.top_p for r in reqs],
-                         [float(r.params.greedy) for r in reqs]], torch.float32, dev)
-    temps, top_k, top_p, is_greedy = params
+                         [r.params.min_p for r in reqs]], torch.float32, dev)
+    temps, top_k, top_p, min_p = params
     scaled = logits.float() / temps.unsqueeze(1)
+    if any(r.params.min_p > 0 for r in reqs):
+        scaled = _min_p(scaled, min_p)
     if any(r.params.top_k > 0 or r.params.top_p < 1 for r in reqs):  # the sort costs ~1 ms at batch 256
         scaled = _top_k_top_p(scaled, top_k, top_p)
-    probs = scaled.softmax(dim=-1)
-    sampled = _draw(probs, reqs, generator)
-    return torch.where(is_greedy.bool(), greedy, sampled).tolist()
+    return _draw(scaled.softmax(dim=-1), reqs, generator)
+
+
+def top_logprobs(logprobs: torch.Tensor, chosen: torch.Tensor, n: int) -> list[LogprobRow]:
+    """logprobs [N, V], chosen [N] → per row (ids, logprobs, ranks): the chosen token with its rank (as
+    vLLM: the tokens at least as likely, itself included), then the n most likely with ranks 1..n. One host
+    read: ids and ranks travel as float64 with the logprobs (exact below 2**53)."""
+    lp_chosen = logprobs.gather(1, chosen.unsqueeze(1))
+    rank = (logprobs >= lp_chosen).sum(dim=-1, keepdim=True)
+    top_lp, top_ids = logprobs.topk(n, dim=-1)
+    top_ranks = torch.arange(1, n + 1, device=rank.device).expand(len(rank), n)
+    ids, lps, ranks = torch.stack([torch.cat([chosen.unsqueeze(1), top_ids], dim=1).double(),
+                                   torch.cat([lp_chosen, top_lp], dim=1).double(),
+                                   torch.cat([rank, top_ranks], dim=1).double()]).tolist()
+    return [([int(t) for t in i], lp, [int(r) for r in rk]) for i, lp, rk in zip(ids, lps, ranks)]
+
+
+def sample(logits: torch.Tensor, reqs: list[Request], generator: torch.Generator | None) -> list[SeqResult]:
+    """logits [N, V] (one row per request) → one token (and the logprobs asked for) per request."""
+    want = [r.params.logprobs for r in reqs if r.params.logprobs is not None]
+    raw = logits.float().log_softmax(dim=-1) if want else None  # vLLM's default: of the raw logits
+    _mask_stop_tokens(logits, reqs)
+    if any(r.params.penalized for r in reqs):
+        logits = apply_penalties(logits.float(), reqs)
+    tokens = logits.argmax(dim=-1)  # argmax is exact in any float dtype
+    if not all(r.params.greedy for r in reqs):
+        is_greedy = to_device([r.params.greedy for r in reqs], torch.bool, logits.device)
+        tokens = torch.where(is_greedy, tokens, _random(logits, reqs, generator))
+    results = [SeqResult(t) for t in tokens.tolist()]
+    if want:
+        rows = [i for i, r in enumerate(reqs) if r.params.logprobs is not None]
+        index = to_device(rows, torch.int64, logits.device)
+        for i, row in zip(rows, top_logprobs(raw[index], tokens[index], max(want))):
+            n = reqs[i].params.logprobs
+            results[i].logprobs = (row[0][: n + 1], row[1][: n + 1], row[2][: n + 1])
+    return results

@@ -63,6 +63,8 @@ class Scheduler:
             break
         while self.waiting and budget > 0 and not preempted and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
+            if self._awaits_fork(req):
+                break
             cached = self.bm.match_prefix(req)
             if req.num_cached_tokens < 0:
                 req.num_cached_tokens = cached
@@ -78,6 +80,20 @@ class Scheduler:
             out.append(Scheduled(req, n))
             budget -= n
         return out
+
+    def _awaits_fork(self, req: Request) -> bool:
+        """Sample i > 0 of a request waits for sample 0's prefill, then shares its prompt blocks (the fork,
+        not the prefix cache: it works with caching off and cannot lose the blocks to eviction). If
+        sample 0 is no longer running (finished, preempted), the sample is computed as any request."""
+        parent = req.fork_parent
+        if parent is None or req.block_ids:
+            return False
+        if parent.status is Status.RUNNING and parent.num_computed_tokens < len(parent.prompt_token_ids):
+            return True
+        if parent.status is Status.RUNNING:
+            req.num_cached_tokens = self.bm.fork(parent, req)
+        req.fork_parent = None
+        return False
 
     def _preempt(self, req: Request) -> None:
         self.bm.free_request(req)

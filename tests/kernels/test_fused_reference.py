@@ -73,7 +73,7 @@ def greedy(checkpoint, monkeypatch, fused: bool, **llm_args) -> tuple[list[list[
         llm = LLM(checkpoint, **{"block_size": 4, "enforce_eager": True, "num_kv_blocks": 256, **llm_args})
         prompts = [[5, 9, 33, 7, 81, 12, 4, 66, 90, 3, 17], [8, 8, 21], [42]]
         outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=12), use_tqdm=False)
-    return [o.token_ids for o in outs], calls
+    return [o.outputs[0].token_ids for o in outs], calls
 
 
 def test_qwen3_switch_routes_through_the_fused_op(checkpoint_factory, monkeypatch):

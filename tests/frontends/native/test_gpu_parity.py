@@ -60,7 +60,7 @@ def native(path, dtype, enforce_eager, **kw) -> LLM:
 
 def greedy(llm: LLM, prompts, n: int) -> list[list[int]]:
     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=n), use_tqdm=False)
-    return [o.token_ids for o in outs]
+    return [o.outputs[0].token_ids for o in outs]
 
 
 @pytest.mark.parametrize("enforce_eager", [False, True], ids=["graphs", "eager"])

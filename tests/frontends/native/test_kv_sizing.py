@@ -49,7 +49,8 @@ def test_max_model_len_lowered_to_what_the_kv_cache_holds(checkpoint_factory, ca
         llm.generate([[5] * 80], use_tqdm=False)
     prompt = random_prompts([70], seed=3)[0]
     out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=50, ignore_eos=True), use_tqdm=False)[0]
-    assert out.finish_reason == "length" and out.token_ids == hf_greedy(path, [prompt], 10)[0]  # the cache, full
+    c = out.outputs[0]
+    assert c.finish_reason == "length" and c.token_ids == hf_greedy(path, [prompt], 10)[0]  # the cache, full
 
 
 def write_checkpoint(path, arch: str, fields: dict, seed: int = 0, std: float = 0.1):
@@ -123,7 +124,7 @@ def test_llm_starts_with_default_arguments(real_checkpoint, caplog):
         llm.generate([[5] * max_len], use_tqdm=False)
     prompt = [5, 17, 42, 9, 100, 7, 3, 250]
     tokens = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True),
-                          use_tqdm=False)[0].token_ids
+                          use_tqdm=False)[0].outputs[0].token_ids
     assert len(tokens) == 4
     del llm, engine  # frees the weights and the KV cache before transformers loads its copy
     gc.collect()
@@ -157,7 +158,7 @@ def test_engines_one_after_another_size_their_kv_cache_from_free_memory(checkpoi
     for block_size in (16, 4):  # other block sizes: other tensor sizes than the cached segments
         llm = LLM(path, block_size=block_size)
         out = llm.generate([[5, 6, 7]], SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)[0]
-        assert len(out.token_ids) == 4
+        assert len(out.outputs[0].token_ids) == 4
         del llm, out
 
 

@@ -37,7 +37,7 @@ Outcome = tuple[list[list[int]], list[list[int]]]  # (ours, transformers')
 
 
 def _generate(llm: LLM, prompts) -> list[list[int]]:
-    return [o.token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)]
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)]
 
 
 def plain(checkpoint_factory, case: str = "qwen3-gqa-tied") -> Outcome:
@@ -48,8 +48,8 @@ def plain(checkpoint_factory, case: str = "qwen3-gqa-tied") -> Outcome:
     outs = LLM(path, block_size=8).generate(prompts, GREEDY, use_tqdm=False)
     assert [o.prompt_token_ids for o in outs] == prompts
     for o in outs:
-        assert o.finish_reason == ("stop" if len(o.token_ids) < NEW_TOKENS else "length")
-    return [o.token_ids for o in outs], hf_greedy(path, prompts, NEW_TOKENS)
+        assert o.outputs[0].finish_reason == ("stop" if len(o.outputs[0].token_ids) < NEW_TOKENS else "length")
+    return [o.outputs[0].token_ids for o in outs], hf_greedy(path, prompts, NEW_TOKENS)
 
 
 def prefix_cache(checkpoint_factory) -> Outcome:
@@ -63,7 +63,7 @@ def prefix_cache(checkpoint_factory) -> Outcome:
     assert all(o.num_cached_tokens >= 36 for o in second), [o.num_cached_tokens for o in second]
     again = llm.generate([base], GREEDY, use_tqdm=False)[0]
     assert again.num_cached_tokens == 36
-    got = [o.token_ids for o in first + second + [again]]
+    got = [o.outputs[0].token_ids for o in first + second + [again]]
     return got, hf_greedy(path, [base] + followups + [base], NEW_TOKENS)
 
 
@@ -117,8 +117,9 @@ def text_prompts(checkpoint_factory) -> Outcome:
     ids = [tok(t).input_ids for t in texts]
     outs = LLM(path).generate(texts, GREEDY, use_tqdm=False)
     assert [o.prompt_token_ids for o in outs] == ids
-    assert [o.text for o in outs] == [tok.decode(o.token_ids, skip_special_tokens=True) for o in outs]
-    return [o.token_ids for o in outs], hf_greedy(path, ids, NEW_TOKENS)
+    assert [o.outputs[0].text for o in outs] == [tok.decode(o.outputs[0].token_ids, skip_special_tokens=True)
+                                                 for o in outs]
+    return [o.outputs[0].token_ids for o in outs], hf_greedy(path, ids, NEW_TOKENS)
 
 
 # Scenarios the canary breaks ops under (test_canary.py); each also has its parity test below.

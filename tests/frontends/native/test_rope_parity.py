@@ -54,8 +54,9 @@ def beyond_range(checkpoint_factory):
 
 def _ours(path, prompts, **llm_args) -> list[list[int]]:
     outs = LLM(path, block_size=8, num_kv_blocks=64, **llm_args).generate(prompts, GREEDY, use_tqdm=False)
-    assert [len(o.token_ids) for o in outs] == [NEW_TOKENS] * len(prompts)  # no early stop: every output crosses
-    return [o.token_ids for o in outs]
+    # no early stop: every output crosses
+    assert [len(o.outputs[0].token_ids) for o in outs] == [NEW_TOKENS] * len(prompts)
+    return [o.outputs[0].token_ids for o in outs]
 
 
 def test_dynamic_beyond_max_position_embeddings(beyond_range):

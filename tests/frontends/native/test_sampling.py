@@ -22,10 +22,10 @@ def test_seeded_sampling_is_reproducible_and_batch_independent(setup):
     params = [SamplingParams(temperature=1.0, max_tokens=16, seed=s, ignore_eos=True) for s in (1, 2, 3)]
     a = llm.generate(prompts, params, use_tqdm=False)
     b = llm.generate(prompts[::-1], params[::-1], use_tqdm=False)[::-1]
-    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+    assert [o.outputs[0].token_ids for o in a] == [o.outputs[0].token_ids for o in b]
     c = llm.generate(prompts[:1], SamplingParams(temperature=1.0, max_tokens=16, seed=99, ignore_eos=True),
                      use_tqdm=False)
-    assert c[0].token_ids != a[0].token_ids  # different seed, (practically always) different draw
+    assert c[0].outputs[0].token_ids != a[0].outputs[0].token_ids  # different seed, (practically always) different draw
 
 
 def test_top_k_1_and_tiny_top_p_are_greedy(setup):
@@ -34,7 +34,7 @@ def test_top_k_1_and_tiny_top_p_are_greedy(setup):
     ref = hf_greedy(path, prompts, 12)
     for params in (SamplingParams(temperature=0.8, top_k=1, max_tokens=12),
                    SamplingParams(temperature=0.8, top_p=1e-6, max_tokens=12)):
-        assert [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == ref
+        assert [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == ref
 
 
 def test_top_k_top_p_filter_matches_definition():
@@ -52,11 +52,12 @@ def test_stop_token_ids_and_min_tokens(setup):
     first = ref.index(stop)
     out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[stop]),
                        use_tqdm=False)[0]
-    assert out.token_ids == ref[: first + 1] and out.finish_reason == "stop"
+    assert out.outputs[0].token_ids == ref[: first + 1] and out.outputs[0].finish_reason == "stop"
     # min_tokens masks the stop token until enough tokens exist
     out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=12, min_tokens=12,
                                                 stop_token_ids=[stop]), use_tqdm=False)[0]
-    assert len(out.token_ids) == 12 and stop not in out.token_ids and out.finish_reason == "length"
+    c = out.outputs[0]
+    assert len(c.token_ids) == 12 and stop not in c.token_ids and c.finish_reason == "length"
 
 
 def test_eos_stops_unless_ignored(setup):
@@ -67,10 +68,10 @@ def test_eos_stops_unless_ignored(setup):
     llm.engine.eos_token_ids = frozenset({ref[2]})
     try:
         out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=6), use_tqdm=False)[0]
-        assert out.token_ids == ref[: ref.index(ref[2]) + 1] and out.finish_reason == "stop"
+        assert out.outputs[0].token_ids == ref[: ref.index(ref[2]) + 1] and out.outputs[0].finish_reason == "stop"
         out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True),
                            use_tqdm=False)[0]
-        assert out.token_ids == ref and out.finish_reason == "length"
+        assert out.outputs[0].token_ids == ref and out.outputs[0].finish_reason == "length"
     finally:
         llm.engine.eos_token_ids = frozenset({2})
 
@@ -79,4 +80,4 @@ def test_max_model_len_caps_generation(checkpoint_factory):
     llm = LLM(checkpoint_factory("LlamaForCausalLM"), max_model_len=20)
     out = llm.generate([list(range(3, 18))], SamplingParams(temperature=0, max_tokens=50, ignore_eos=True),
                        use_tqdm=False)[0]
-    assert len(out.token_ids) == 5 and out.finish_reason == "length"
+    assert len(out.outputs[0].token_ids) == 5 and out.outputs[0].finish_reason == "length"

@@ -19,7 +19,7 @@ def native_greedy(path, prompts: list[list[int]], max_tokens: int = NEW_TOKENS) 
 
     llm = LLM(str(path), block_size=8)
     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens), use_tqdm=False)
-    return [o.token_ids for o in outs]
+    return [o.outputs[0].token_ids for o in outs]
 
 
 @contextlib.contextmanager

@@ -1,0 +1,60 @@
+"""Incremental detokenization and stop strings, as vLLM's detokenizer does them.
+
+Each step decodes only the tokens since `prefix_offset` (a few): the text they add is the decode of
+ids[prefix_offset:] minus the decode of ids[prefix_offset:read_offset]. A decode that ends in U+FFFD is an
+unfinished multi-byte character (byte-level BPE splits UTF-8 across tokens): it is held back until the
+bytes that complete it arrive, so the accumulated text equals tokenizer.decode(ids) of the same tokens.
+"""
+
+from __future__ import annotations
+
+REPLACEMENT = "\ufffd"
+
+
+class Detokenizer:
+    def __init__(self, tokenizer, stop: list[str], include_stop_str_in_output: bool) -> None:
+        self.tokenizer, self.stop, self.include_stop = tokenizer, stop, include_stop_str_in_output
+        self.ids: list[int] = []
+        self.text = ""
+        self.prefix_offset = self.read_offset = 0
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    def add(self, token_id: int, check_stop: bool = True) -> str | None:
+        """Append one token; return the stop string it completed (the text is then cut there), else None.
+        check_stop=False (within min_tokens, as vLLM): the text this token adds is not searched."""
+        self.ids.append(token_id)
+        if not self.stop:  # nothing to watch for: finish() decodes the whole output once
+            return None
+        before = len(self.text)
+        prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        full = self._decode(self.ids[self.prefix_offset :])
+        if len(full) > len(prefix) and not full.endswith(REPLACEMENT):
+            self.text += full[len(prefix) :]
+            self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+        return self._check_stop(len(self.text) - before) if check_stop else None
+
+    def _check_stop(self, new_chars: int) -> str | None:
+        """The stop string that appears first in the text, searching only where the new characters could
+        complete one; the text is cut before it (or after it with include_stop_str_in_output)."""
+        if not new_chars or not self.stop:
+            return None
+        found = []
+        for s in self.stop:
+            at = self.text.find(s, max(0, len(self.text) - new_chars - len(s) + 1))
+            if at >= 0:
+                found.append((at + len(s), at, s))  # the one that completes first wins
+        if not found:
+            return None
+        end, at, s = min(found)
+        self.text = self.text[: end if self.include_stop else at]
+        return s
+
+    def finish(self) -> None:
+        """The sequence ended (not at a stop string): decode what is left, a held-back unfinished character
+        included (as tokenizer.decode(ids) shows it), or everything when there were no stop strings."""
+        full = self._decode(self.ids[self.prefix_offset :])
+        prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        if len(full) > len(prefix):
+            self.text += full[len(prefix) :]
