@@ -31,7 +31,9 @@ def byte_level_tokenizer():
     from transformers import PreTrainedTokenizerFast
 
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
-    for ch in pre_tokenizers.ByteLevel.alphabet():
+    # sorted: alphabet() comes out of a hash set, in another order in every process, and with it the
+    # token id of every byte (prompts built from text, and so the tests, changed from run to run)
+    for ch in sorted(pre_tokenizers.ByteLevel.alphabet()):
         vocab[ch] = len(vocab)
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)

@@ -31,3 +31,16 @@ def test_shuffle_changes_every_context_of_three_or_more_tokens():
     for p in random_prompts([3, 4, 9, 40], seed=3):
         s = shuffle_context(p)
         assert s != p and sorted(s) == sorted(p) and s[-1] == p[-1]
+
+
+def test_fixture_tokenizer_is_the_same_in_every_process():
+    """The byte-level tokenizer of the fixtures maps each byte to one id, whatever the process (it once
+    followed a hash set's order, so text prompts, and the tests built on them, changed from run to run)."""
+    import os
+    import subprocess
+    import sys
+
+    code = "from atom_frontends.native.demo import byte_level_tokenizer as t; print(t()('Hé, world').input_ids)"
+    ids = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          env=dict(os.environ, PYTHONHASHSEED=seed)).stdout for seed in ("1", "2", "3")}
+    assert len(ids) == 1, ids
