@@ -19,7 +19,7 @@ class EngineArgs:
     max_num_batched_tokens: int = 2048  # token budget of one step; longer prompts are chunked
     block_size: int = 16
     num_kv_blocks: int | None = None  # explicit KV cache size in blocks ...
-    kv_cache_memory: int | None = None  # ... or in bytes (default: engine.default_kv_cache_bytes)
+    kv_cache_memory: int | None = None  # ... or in bytes (default: kv_memory.default_kv_cache_bytes)
     kv_cache_dtype: str = "auto"
     enable_prefix_caching: bool = True
     enforce_eager: bool = False

@@ -163,7 +163,7 @@ def test_engines_one_after_another_size_their_kv_cache_from_free_memory(checkpoi
 
 
 def test_cgroup_limit_caps_the_memory_a_container_sees(tmp_path):
-    from atom_frontends.native.engine import _cgroup_room
+    from atom_frontends.native.kv_memory import _cgroup_room
 
     assert _cgroup_room(tmp_path) is None  # no cgroup files: no limit known
     (tmp_path / "memory").mkdir()
