@@ -23,6 +23,9 @@ _BASE: dict[str, dict[str, Any]] = {
                              initializer_range=0.2),
 }
 SPECIAL_TOKENS = ("<|pad|>", "<|bos|>", "<|eos|>")  # ids 0, 1, 2; bytes follow
+# A small ChatML-like template: the rendered text starts with <|bos|>, so it is tokenized without adding it.
+CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{{ eos_token }}{% endfor %}"
+                 "{% if add_generation_prompt %}<assistant>{% endif %}")
 
 
 def byte_level_tokenizer():
@@ -40,8 +43,10 @@ def byte_level_tokenizer():
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.TemplateProcessing(single="<|bos|> $A", special_tokens=[("<|bos|>", 1)])
     tok.add_special_tokens(list(SPECIAL_TOKENS))
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<|pad|>", bos_token="<|bos|>",
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<|pad|>", bos_token="<|bos|>",
                                    eos_token="<|eos|>")
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
 
 
 def build_checkpoint(path: str | os.PathLike, arch: str = "Qwen3ForCausalLM", seed: int = 0,

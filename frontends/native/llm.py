@@ -32,6 +32,21 @@ def _prompt_list(prompts) -> list:
     return list(prompts)
 
 
+def _render_chat(tokenizer, conversation, chat_template: str | None, add_generation_prompt: bool,
+                 kwargs: dict) -> tuple[str, list[int]]:
+    """(rendered text, its token ids) of one conversation."""
+    if not (isinstance(conversation, list) and conversation
+            and all(isinstance(m, dict) and "role" in m and "content" in m for m in conversation)):
+        raise TypeError("a conversation must be a non-empty list of {'role': ..., 'content': ...} dicts, got "
+                        f"{conversation!r:.80}")
+    if chat_template is None and not getattr(tokenizer, "chat_template", None):
+        raise ValueError("the checkpoint's tokenizer has no chat template: pass chat_template=... (a Jinja "
+                         "template) or use generate()")
+    text = tokenizer.apply_chat_template(conversation, chat_template=chat_template, tokenize=False,
+                                         add_generation_prompt=add_generation_prompt, **kwargs)
+    return text, list(tokenizer(text, add_special_tokens=False).input_ids)
+
+
 def _checked_params(engine: LLMEngine, sampling_params, n: int) -> list[SamplingParams]:
     """One validated SamplingParams per prompt (sampling_params: one for all, or a list of n)."""
     if sampling_params is None or isinstance(sampling_params, SamplingParams):
@@ -61,6 +76,32 @@ class LLM:
         # Check every SamplingParams and every prompt before queueing any: bad input leaves the engine clean.
         params = _checked_params(engine, sampling_params, len(prompts))
         checked = [_labelled(f"prompt {i}", engine.check_prompt, p) for i, p in enumerate(prompts)]
+        return self._run(checked, params, use_tqdm)
+
+    def chat(self, messages: list[dict] | list[list[dict]],
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, use_tqdm: bool = True,
+             chat_template: str | None = None, add_generation_prompt: bool = True,
+             chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+        """One conversation (a list of {"role": ..., "content": ...} messages) or a list of them → one output
+        each, in order. A conversation is rendered with the checkpoint's chat template (or `chat_template`)
+        and tokenized without adding special tokens (the template writes them), as vLLM does."""
+        engine = self.engine
+        if engine.tokenizer is None:
+            raise ValueError("this checkpoint has no tokenizer: LLM.chat needs one with a chat template; "
+                             "use generate() with token ids")
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        params = _checked_params(engine, sampling_params, len(conversations))
+        rendered = [_labelled(f"conversation {i}", _render_chat, engine.tokenizer, conv, chat_template,
+                              add_generation_prompt, chat_template_kwargs or {})
+                    for i, conv in enumerate(conversations)]
+        for i, (_, ids) in enumerate(rendered):
+            _labelled(f"conversation {i}", engine.validate_prompt, ids)
+        return self._run(rendered, params, use_tqdm)
+
+    def _run(self, checked: list[tuple[str | None, list[int]]], params: list[SamplingParams],
+             use_tqdm: bool) -> list[RequestOutput]:
+        """Queue checked (text, token ids) prompts with their checked params; run until all finish."""
+        engine = self.engine
         ids = [engine.enqueue(text, token_ids, sp) for (text, token_ids), sp in zip(checked, params)]
         order = {rid: i for i, rid in enumerate(ids)}
         results: list[RequestOutput | None] = [None] * len(ids)
