@@ -58,7 +58,13 @@ def silu_and_mul(x):
     return dispatch.get("silu_and_mul", x.device)(x)
 
 
+def fused_moe(hidden, w13, w2, topk_weights, topk_ids):
+    """MoE experts: hidden [T, H], w13 [E, 2*I, H] (gate then up), w2 [E, H, I], routing topk_weights /
+    topk_ids [T, K] → sum over each token's experts of weight * down(silu(gate) * up): [T, H]."""
+    return dispatch.get("fused_moe", hidden.device)(hidden, w13, w2, topk_weights, topk_ids)
+
+
 __all__ = [
     "dispatch", "write_kv_cache", "paged_attention", "fused_qk_norm_rope_write_kv", "rms_norm", "rotary",
-    "silu_and_mul",
+    "silu_and_mul", "fused_moe",
 ]

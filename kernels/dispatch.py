@@ -19,6 +19,7 @@ import torch
 
 OPS = (
     "write_kv_cache", "paged_attention", "fused_qk_norm_rope_write_kv", "rms_norm", "rotary", "silu_and_mul",
+    "fused_moe",
 )
 BACKENDS = ("triton", "torch")
 
