@@ -3,7 +3,12 @@
 Backends, in order of preference:
   - "triton": CUDA and ROCm GPUs, when triton is importable and the op has a Triton kernel,
   - "torch":  the pure-torch reference (CPU, and the test oracle everywhere).
-`ATOM_KERNEL_BACKEND=torch|triton` forces one backend for every op that has it. AMD's aiter kernels are not
+`ATOM_KERNEL_BACKEND=torch|triton` forces one backend for every op that has it.
+
+When a compiler traces the model (vLLM's inductor, torch.compile), the ops in COMPILER_FUSES run as their
+torch reference whatever the device: the compiler then fuses them with their neighbours (residual add +
+norm, q/k norm + rotary, ...) as vLLM compiles its own models, whose custom ops are off under inductor.
+Eager calls keep the device's kernels. AMD's aiter kernels are not
 wired yet: `ATOM_KERNEL_BACKEND=aiter` is an error that says so (it ran the torch reference silently before).
 """
 
@@ -22,6 +27,11 @@ OPS = (
     "fused_moe",
 )
 BACKENDS = ("triton", "torch")
+# Pure tensor maths with no host sync and no data-dependent shape: traced as the reference under a compiler.
+COMPILER_FUSES = frozenset({"rms_norm", "rotary", "silu_and_mul"})
+# The _RESOLVED key of those traced calls: no device type is named so, and every device but CUDA runs the
+# torch reference (backend_for).
+_TRACED = "traced"
 
 # op → backend → "module:function"; a backend absent from an op's map has no kernel for it.
 _IMPLS: dict[str, dict[str, str]] = {op: {"torch": f"atom_kernels.reference:{op}"} for op in OPS}
@@ -102,10 +112,12 @@ _RESOLVED: dict[tuple[str, str], tuple[str, Callable]] = {}
 
 
 def resolve(device_type: str) -> None:
-    """Pick and import every op's implementation for `device_type` (done on first use)."""
-    for op in _IMPLS:
-        backend = backend_for(op, device_type)
-        _RESOLVED[(op, device_type)] = (backend, _load(_IMPLS[op][backend]))
+    """Pick and import every op's implementation for `device_type`, and for calls a compiler traces (done
+    on first use, and by model construction before any host compiles the model: imports do not trace)."""
+    for key in (device_type, _TRACED):
+        for op in _IMPLS:
+            backend = backend_for(op, key)
+            _RESOLVED[(op, key)] = (backend, _load(_IMPLS[op][backend]))
 
 
 def _entry(op: str, device_type: str) -> tuple[str, Callable]:
@@ -116,13 +128,17 @@ def _entry(op: str, device_type: str) -> tuple[str, Callable]:
     return entry
 
 
+def _key(op: str, device: torch.device) -> str:
+    return _TRACED if op in COMPILER_FUSES and torch.compiler.is_compiling() else device.type
+
+
 def get(op: str, device: torch.device) -> Callable:
-    return _entry(op, device.type)[1]
+    return _entry(op, _key(op, device))[1]
 
 
 def backend(op: str, device: torch.device) -> str:
     """The backend get(op, device) runs (traceable, like get)."""
-    return _entry(op, device.type)[0]
+    return _entry(op, _key(op, device))[0]
 
 
 def describe(device_type: str) -> dict[str, str]:

@@ -52,12 +52,13 @@ BREAKS = {
 
 @contextlib.contextmanager
 def broken(name: str, device_type: str = "cuda" if torch.cuda.is_available() else "cpu") -> Iterator[None]:
-    """Within the block, break `name` (a BREAKS key) for the backend each op runs on `device_type`."""
+    """Within the block, break `name` (a BREAKS key) for the backend each op runs on `device_type`, eager and
+    traced by a compiler (dispatch.COMPILER_FUSES ops trace as the torch reference)."""
     restore = []
     try:
         for op, fn in BREAKS[name]:
-            backend = dispatch.backend_for(op, device_type)
-            restore.append((op, backend, dispatch.register(op, backend, f"{__name__}:{fn.__name__}")))
+            for backend in dict.fromkeys((dispatch.backend_for(op, device_type), dispatch.backend_for(op, "traced"))):
+                restore.append((op, backend, dispatch.register(op, backend, f"{__name__}:{fn.__name__}")))
         yield
     finally:
         for op, backend, previous in reversed(restore):

@@ -13,6 +13,7 @@ from vllm.v1.attention.backend import AttentionCGSupport, AttentionMetadataBuild
 
 from atom_core.forward_context import AttentionMetadata
 from atom_core.plugins import metadata_builder
+from atom_kernels import dispatch
 
 
 def _positions(common: CommonAttentionMetadata, num_tokens: int) -> torch.Tensor:
@@ -59,9 +60,18 @@ def build_metadata(common: CommonAttentionMetadata, block_size: int) -> Attentio
 class AtomMetadataBuilder(AttentionMetadataBuilder[AttentionMetadata]):
     """vLLM's per-KV-cache-group builder; the conversion itself is the hook's answer for host vllm."""
 
-    # The reference kernels read host values (.tolist()), so attention stays out of CUDA graphs;
-    # vLLM then captures only the pieces between attention ops (piecewise), or nothing.
-    _cudagraph_support = AttentionCGSupport.NEVER
+    @classmethod
+    def get_cudagraph_support(cls, vllm_config: Any, kv_cache_spec: Any) -> AttentionCGSupport:
+        """Full CUDA graphs of decode-only batches where atom_kernels' Triton kernels run attention: they
+        never sync, size their grids from tensor shapes and the capture's hints (vLLM captures with
+        max_seq_len = max_model_len, an upper bound they stay correct under), and skip the padding
+        requests of a replay (query length 0); every tensor of our metadata is a view of the runner's
+        persistent buffers. The torch reference reads host values (.tolist()): no full graphs, vLLM
+        then captures only the pieces between attention ops (piecewise), or nothing."""
+        device = torch.device(vllm_config.device_config.device_type)
+        if all(dispatch.backend(op, device) == "triton" for op in ("paged_attention", "write_kv_cache")):
+            return AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+        return AttentionCGSupport.NEVER
 
     def __init__(self, kv_cache_spec: Any, layer_names: list[str], vllm_config: Any,
                  device: torch.device) -> None:

@@ -47,3 +47,24 @@ def test_register_returns_what_it_replaces():
     finally:
         dispatch.register("silu_and_mul", "torch", previous)
     assert dispatch.get("silu_and_mul", cpu) is reference.silu_and_mul
+
+
+def test_compiler_traces_fusable_ops_as_their_reference():
+    # A device whose kernels are not the reference (as Triton on CUDA): eager calls get them, traced calls get
+    # the reference, which the compiler fuses with the ops around it.
+    dispatch._RESOLVED.clear()
+    try:
+        for op in dispatch.OPS:
+            dispatch._RESOLVED[(op, "cpu")] = ("triton", atom_kernels.silu_and_mul)  # stands for "not reference"
+            dispatch._RESOLVED[(op, "traced")] = ("torch", getattr(reference, op))
+        cpu = torch.device("cpu")
+
+        def picks(x):
+            return x + int(dispatch.get("rms_norm", cpu) is reference.rms_norm) \
+                + 10 * int(dispatch.get("write_kv_cache", cpu) is reference.write_kv_cache)
+
+        assert dispatch.backend("rms_norm", cpu) == "triton"
+        assert picks(torch.zeros(())) == 0  # eager: the device's kernels for both
+        assert torch.compile(picks, fullgraph=True, backend="eager")(torch.zeros(())) == 1  # traced: rms_norm only
+    finally:
+        dispatch.reset()

@@ -75,7 +75,9 @@ def run_vllm(jobs: list[dict], tmp_path: Path, timeout: int = 900, **env: str) -
     """Run `jobs` in a fresh `python -m tests.frontends.vllm.vllm_runner` process; (results, its log)."""
     jobs_file, out_file = tmp_path / "jobs.json", tmp_path / "results.json"
     jobs_file.write_text(json.dumps(jobs))
-    full_env = {**os.environ, "PYTHONPATH": str(REPO), **env}
+    # The repo first, then the caller's PYTHONPATH (on the GPU machine vLLM itself lives there: /tmp/site).
+    pythonpath = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    full_env = {**os.environ, "PYTHONPATH": pythonpath, **env}
     proc = subprocess.run([sys.executable, "-m", "tests.frontends.vllm.vllm_runner", str(jobs_file), str(out_file)],
                           cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
     log = proc.stdout + proc.stderr

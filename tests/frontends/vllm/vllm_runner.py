@@ -63,9 +63,10 @@ def run_job(job: dict) -> dict:
     from tests.frontends.vllm.vllm_runner import inspect_worker as probe
 
     workers = llm.apply_model(probe)
+    cudagraph_mode = str(llm.llm_engine.vllm_config.compilation_config.cudagraph_mode)
     del llm
     gc.collect()
-    return {"rounds": rounds, "workers": workers, "driver_pid": os.getpid(),
+    return {"rounds": rounds, "workers": workers, "driver_pid": os.getpid(), "cudagraph_mode": cudagraph_mode,
             "startup_s": t1 - t0, "generate_s": t2 - t1}
 
 

@@ -1,0 +1,124 @@
+"""vLLM on a CUDA GPU: atom-core's model (our plugin) vs vLLM's own, same checkpoint, same workloads.
+
+Qwen3-0.6B-shaped random checkpoint, bf16, vLLM's defaults (torch.compile, CUDA graphs). Each side runs
+in its own process (plugins and the platform are process-wide; ATOM_DISABLE_VLLM_PLUGIN=1 gives vLLM's
+own model), in-process engine, one engine per side for all rows:
+  - batch 1 and batch 32: 128-token random prompts, 128 new tokens, greedy, EOS ignored; tokens/s =
+    new tokens / time of the whole generate (prefill included);
+  - offline: 256 requests, prompt and output lengths uniform in [100, 1024] (seeded), temperature 1,
+    EOS ignored; output tokens/s of the whole run.
+Prints both sides, how many batch-32 greedy sequences agree (bf16: near-ties may differ), and the
+ratio atom-core / vLLM's own last; writes the table to benchmarks/results/.
+
+    python benchmarks/vllm_plugin_gpu.py [--checkpoint DIR] [--rows batch1,batch32,offline]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROWS = ("batch1", "batch32", "offline")
+PROMPT, NEW = 128, 128
+
+
+def workloads(vocab: int) -> dict[str, tuple[list[list[int]], list[int], float]]:
+    """row → (prompts, max_tokens per prompt, temperature)."""
+    rng = random.Random(0)
+
+    def prompt(n: int) -> list[int]:
+        return [rng.randrange(3, vocab) for _ in range(n)]
+
+    offline_lens = [(rng.randint(100, 1024), rng.randint(100, 1024)) for _ in range(256)]
+    return {
+        "batch1": ([prompt(PROMPT)], [NEW], 0.0),
+        "batch32": ([prompt(PROMPT) for _ in range(32)], [NEW] * 32, 0.0),
+        "offline": ([prompt(p) for p, _ in offline_lens], [o for _, o in offline_lens], 1.0),
+    }
+
+
+def worker(path: str, rows: list[str]) -> dict:
+    """One side, in this process: one engine, a warm-up, then each row timed."""
+    from vllm import LLM, SamplingParams
+
+    vocab = json.loads((Path(path) / "config.json").read_text())["vocab_size"]
+    t0 = time.perf_counter()
+    llm = LLM(model=path, dtype="bfloat16", skip_tokenizer_init=True, max_model_len=2048, seed=0)
+    result = {"startup_s": time.perf_counter() - t0}
+    llm.generate([{"prompt_token_ids": list(range(3, 67))}] * 4,
+                 SamplingParams(max_tokens=16, ignore_eos=True, detokenize=False), use_tqdm=False)
+    for row in rows:
+        prompts, max_tokens, temperature = workloads(vocab)[row]
+        params = [SamplingParams(max_tokens=m, temperature=temperature, ignore_eos=True, detokenize=False, seed=i)
+                  for i, m in enumerate(max_tokens)]
+        t = time.perf_counter()
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        elapsed = time.perf_counter() - t
+        produced = sum(len(o.outputs[0].token_ids) for o in outs)
+        assert produced == sum(max_tokens), f"{row}: {produced} tokens, expected {sum(max_tokens)}"
+        result[row] = {"tok_s": produced / elapsed, "tokens": [list(o.outputs[0].token_ids) for o in outs]}
+    result["model"] = llm.apply_model(lambda m: f"{type(m).__module__}.{type(m).__qualname__}")[0]
+    result["cudagraph_mode"] = str(llm.llm_engine.vllm_config.compilation_config.cudagraph_mode)
+    return result
+
+
+def run_side(path: str, rows: list[str], own: bool) -> dict:
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "ATOM_DISABLE_VLLM_PLUGIN": "1" if own else "0"}
+    cmd = [sys.executable, __file__, "--worker", path, "--rows", ",".join(rows)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    name = "vLLM own" if own else "atom-core"
+    if proc.returncode != 0:
+        raise SystemExit(f"{name} side failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-6000:]}")
+    for line in proc.stderr.splitlines():  # what vLLM decided about compilation and graphs for our model
+        if "atom-core" in line or "cudagraph" in line.lower() or "CUDA graph" in line:
+            print(f"  [{name}] {line[-200:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--checkpoint", help="checkpoint dir (built once into the temp dir when absent)")
+    ap.add_argument("--rows", default=",".join(ROWS))
+    ap.add_argument("--worker", metavar="CHECKPOINT", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    rows = [r for r in args.rows.split(",") if r]
+    if unknown := set(rows) - set(ROWS):
+        raise SystemExit(f"unknown rows {sorted(unknown)}; choose from {ROWS}")
+    if args.worker:
+        print(json.dumps(worker(args.worker, rows)))
+        return
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from native_gpu import checkpoint
+
+    path = checkpoint(args.checkpoint)
+    own = run_side(path, rows, own=True)
+    ours = run_side(path, rows, own=False)
+    lines = [f"{datetime.date.today()} {torch.cuda.get_device_name()}; Qwen3-0.6B-shaped random checkpoint, bf16, "
+             f"vLLM defaults; cudagraph mode: own {own['cudagraph_mode']}, atom-core {ours['cudagraph_mode']}",
+             f"models: {own['model']} | {ours['model']}; startup s: own {own['startup_s']:.0f}, "
+             f"atom-core {ours['startup_s']:.0f}"]
+    if "batch32" in rows:
+        same = sum(a == b for a, b in zip(own["batch32"]["tokens"], ours["batch32"]["tokens"]))
+        lines.append(f"batch 32 greedy sequences identical to vLLM's own (bf16): {same}/32")
+    lines.append(f"{'row':<10}{'vLLM own tok/s':>16}{'atom-core tok/s':>17}{'ratio':>8}")
+    for row in rows:
+        lines.append(f"{row:<10}{own[row]['tok_s']:>16,.0f}{ours[row]['tok_s']:>17,.0f}"
+                     f"{ours[row]['tok_s'] / own[row]['tok_s']:>8.2f}")
+    text = "\n".join(lines)
+    print(text)
+    gpu = torch.cuda.get_device_name().replace(" ", "-")
+    out = Path(__file__).parent / "results" / f"vllm_plugin_gpu-{datetime.date.today()}-{gpu}.txt"
+    out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
