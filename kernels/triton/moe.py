@@ -45,8 +45,9 @@ def moe_config(num_tokens: int, top_k: int, num_experts: int, dtype: torch.dtype
         cfg = dict(block_m=64, up=(64, 64, 4, 4), down=(128, 64, 4, 4))
     else:
         cfg = dict(block_m=128, up=(64, 64, 8, 4), down=(128, 64, 8, 4))
-    if dtype == torch.float32:  # twice the bytes per tile: halve BLOCK_K, at most 3 stages (shared memory)
-        cfg = {k: v if k == "block_m" else (v[0], v[1] // 2, v[2], min(v[3], 3)) for k, v in cfg.items()}
+    if dtype == torch.float32:  # no tensor cores (exact fp32 products): <= 64-row blocks (128 spill registers),
+        # twice the bytes per element: half the BLOCK_K, at most 3 stages
+        cfg = {k: min(v, 64) if k == "block_m" else (v[0], v[1] // 2, v[2], min(v[3], 3)) for k, v in cfg.items()}
     return cfg  # up/down: (BLOCK_N, BLOCK_K, num_warps, num_stages)
 
 

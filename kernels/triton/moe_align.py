@@ -68,10 +68,10 @@ def _offsets_kernel(counts_ptr, starts_ptr, sorted_ptr, expert_ids_ptr, post_pad
         s_e = tl.sum(tl.where(ex == e, start, 0))
         end_e = s_e + tl.sum(tl.where(ex == e, padded, 0))
         pad_rows = s_e + n_e + m  # < BLOCK_M sentinel rows end the group
-        tl.store(sorted_ptr + pad_rows, tl.full([BLOCK_M], sentinel, tl.int32), mask=pad_rows < end_e)
+        tl.store(sorted_ptr + pad_rows, sentinel + tl.zeros([BLOCK_M], tl.int32), mask=pad_rows < end_e)
         for b0 in range(s_e, end_e, BLOCK_M * BLOCK_M):  # the group's blocks, BLOCK_M of them per store
             b = b0 // BLOCK_M + m
-            tl.store(expert_ids_ptr + b, tl.full([BLOCK_M], e, tl.int32), mask=b * BLOCK_M < end_e)
+            tl.store(expert_ids_ptr + b, e + tl.zeros([BLOCK_M], tl.int32), mask=b * BLOCK_M < end_e)
 
 
 @triton.jit
