@@ -46,7 +46,7 @@ def _count_kernel(ids_ptr, counts_ptr, N, E, CHUNK: tl.constexpr, E_PAD: tl.cons
 
 @triton.jit
 def _offsets_kernel(counts_ptr, starts_ptr, sorted_ptr, expert_ids_ptr, post_pad_ptr, num_chunks, E, sentinel,
-                    BLOCK_M: tl.constexpr, E_PAD: tl.constexpr, C_TILE: tl.constexpr):
+                    BLOCK_M: tl.constexpr, E_PAD: tl.constexpr, C_TILE: tl.constexpr, B_TILE: tl.constexpr):
     # One program. counts [num_chunks, E_PAD] becomes, in place, each chunk's offset inside its expert's group
     # (exclusive prefix sum over chunks); starts[e] = first row of expert e's group.
     ex = tl.arange(0, E_PAD)
@@ -59,19 +59,19 @@ def _offsets_kernel(counts_ptr, starts_ptr, sorted_ptr, expert_ids_ptr, post_pad
         tl.store(ptrs, tl.cumsum(cnt, axis=0) - cnt + total[None, :], mask=cmask)
         total += tl.sum(cnt, axis=0)
     padded = (total + BLOCK_M - 1) // BLOCK_M * BLOCK_M
-    start = tl.cumsum(padded, axis=0) - padded
+    end = tl.cumsum(padded, axis=0)
+    start = end - padded
     tl.store(starts_ptr + ex, start)
-    tl.store(post_pad_ptr, tl.sum(padded, axis=0))
-    m = tl.arange(0, BLOCK_M)
-    for e in range(E):  # scalars of expert e picked out of the vectors (no store/load round trip)
-        n_e = tl.sum(tl.where(ex == e, total, 0))
-        s_e = tl.sum(tl.where(ex == e, start, 0))
-        end_e = s_e + tl.sum(tl.where(ex == e, padded, 0))
-        pad_rows = s_e + n_e + m  # < BLOCK_M sentinel rows end the group
-        tl.store(sorted_ptr + pad_rows, sentinel + tl.zeros([BLOCK_M], tl.int32), mask=pad_rows < end_e)
-        for b0 in range(s_e, end_e, BLOCK_M * BLOCK_M):  # the group's blocks, BLOCK_M of them per store
-            b = b0 // BLOCK_M + m
-            tl.store(expert_ids_ptr + b, e + tl.zeros([BLOCK_M], tl.int32), mask=b * BLOCK_M < end_e)
+    rows_in_use = tl.sum(padded, axis=0)
+    tl.store(post_pad_ptr, rows_in_use)
+    # the < BLOCK_M sentinel rows that end each group: [E_PAD, BLOCK_M] at once
+    pad_rows = (start + total)[:, None] + tl.arange(0, BLOCK_M)[None, :]
+    tl.store(sorted_ptr + pad_rows, sentinel + tl.zeros_like(pad_rows), mask=pad_rows < end[:, None])
+    # block b belongs to the first expert whose group ends after row b * BLOCK_M (empty groups end where they start)
+    for b0 in range(0, rows_in_use // BLOCK_M, B_TILE):
+        b = b0 + tl.arange(0, B_TILE)
+        expert = tl.sum((end[None, :] <= b[:, None] * BLOCK_M).to(tl.int32), axis=1)
+        tl.store(expert_ids_ptr + b, expert, mask=b * BLOCK_M < rows_in_use)
 
 
 @triton.jit
@@ -113,6 +113,7 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int):
     starts = torch.empty(e_pad, dtype=torch.int32, device=dev)
     _count_kernel[(chunks,)](topk_ids, offsets, n, num_experts, CHUNK=CHUNK, E_PAD=e_pad)
     _offsets_kernel[(1,)](offsets, starts, sorted_ids, expert_ids, num_post_pad, chunks, num_experts, n,
-                          BLOCK_M=block_m, E_PAD=e_pad, C_TILE=max(1, 4096 // e_pad))
+                          BLOCK_M=block_m, E_PAD=e_pad, C_TILE=max(1, 4096 // e_pad),
+                          B_TILE=max(16, 4096 // e_pad))
     _scatter_kernel[(chunks,)](topk_ids, offsets, starts, sorted_ids, n, num_experts, CHUNK=CHUNK, E_PAD=e_pad)
     return sorted_ids, expert_ids, num_post_pad
