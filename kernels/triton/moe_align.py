@@ -64,9 +64,10 @@ def _offsets_kernel(counts_ptr, starts_ptr, sorted_ptr, expert_ids_ptr, post_pad
     tl.store(starts_ptr + ex, start)
     rows_in_use = tl.sum(padded, axis=0)
     tl.store(post_pad_ptr, rows_in_use)
-    # the < BLOCK_M sentinel rows that end each group: [E_PAD, BLOCK_M] at once
-    pad_rows = (start + total)[:, None] + tl.arange(0, BLOCK_M)[None, :]
-    tl.store(sorted_ptr + pad_rows, sentinel + tl.zeros_like(pad_rows), mask=pad_rows < end[:, None])
+    # the < BLOCK_M sentinel rows that end each group, [E_PAD, 16] at a time (a whole [E_PAD, 128] tile spills)
+    for m0 in tl.static_range(0, BLOCK_M, 16):
+        pad_rows = (start + total + m0)[:, None] + tl.arange(0, 16)[None, :]
+        tl.store(sorted_ptr + pad_rows, sentinel + tl.zeros_like(pad_rows), mask=pad_rows < end[:, None])
     # block b belongs to the first expert whose group ends after row b * BLOCK_M (empty groups end where they start)
     for b0 in range(0, rows_in_use // BLOCK_M, B_TILE):
         b = b0 + tl.arange(0, B_TILE)
@@ -97,8 +98,8 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int):
     check(topk_ids.dim() == 2 and not topk_ids.is_floating_point() and topk_ids.is_contiguous(),
           f"moe_align: topk_ids must be a contiguous int [tokens, top_k] tensor, got {tuple(topk_ids.shape)} "
           f"{topk_ids.dtype} (call .contiguous())")
-    check(num_experts >= 1 and block_m >= 1 and block_m & (block_m - 1) == 0,
-          f"moe_align: need num_experts >= 1 and a power-of-two block_m, got {num_experts}, {block_m}")
+    check(num_experts >= 1 and block_m >= 16 and block_m & (block_m - 1) == 0,
+          f"moe_align: need num_experts >= 1 and a power-of-two block_m >= 16, got {num_experts}, {block_m}")
     n = topk_ids.numel()
     dev = topk_ids.device
     blocks = max_blocks(n, num_experts, block_m)
