@@ -45,6 +45,7 @@ _TRITON = {
     "rms_norm": "norm:rms_norm",
     "rotary": "rotary:rotary",
     "silu_and_mul": "activation:silu_and_mul",
+    "fused_moe": "moe:fused_moe",
 }
 for _op, _target in _TRITON.items():
     _IMPLS[_op]["triton"] = f"atom_kernels.triton.{_target}"

@@ -1,0 +1,208 @@
+"""Fused MoE experts vs the torch reference and transformers' Qwen3-MoE block: time, bandwidth, TFLOP/s.
+
+A Qwen3-30B-A3B-shaped layer (hidden 2048, 128 experts, top-8, expert intermediate 768, bf16) at 1, 32, 256
+and 4096 tokens. One transformers Qwen3MoeSparseMoeBlock holds the weights (random, std 1/sqrt(fan-in)) and
+routes the tokens (its own router: softmax, top-8, norm_topk_prob); every implementation uses those weights.
+Rows:
+  ours                        atom_kernels' Triton fused_moe on the block's routing (experts only)
+  torch reference             atom_kernels.reference.fused_moe (experts only)
+  hf experts eager            transformers' experts module, eager loop over experts (experts only; the default
+                              of a block built from a config, i.e. _experts_implementation None)
+  hf experts grouped_mm       the same module with experts_implementation="grouped_mm" (torch grouped GEMM;
+                              the default transformers 5 picks in from_pretrained)
+  ours + hf router            transformers' router, then ours: the whole block's work
+  hf block eager / grouped_mm Qwen3MoeSparseMoeBlock.forward (router + experts)
+Bandwidth: bytes of the expert weights the routing touches (experts hit x 3 x H x I x 2 bytes) / our time, as a
+fraction of the device's copy bandwidth measured in the same run (a 2 GiB device-to-device copy, counted as
+read + write bytes, i.e. DRAM traffic). TFLOP/s: 2 * T * K * 3 * H * I / time. Timing: attention_decode's
+gpu_times (CUDA events, a warm-up call, interleaved rounds, L2 flushed before each launch, median); times of
+implementations that sync the host (reference, hf eager) include those syncs. Goals: >= 0.6 of copy bandwidth
+at 1 and 32 tokens, >= 300 TFLOP/s at 4096.
+
+    python benchmarks/moe.py [--check] [--sweep] [--out FILE]
+
+--check first compares ours with the reference and with transformers' block (outside code) at every token count
+and stops on a mismatch. --sweep also times a few other tile configs per token count (to tune moe_config).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import re
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+import transformers
+import triton
+from attention_decode import gpu_times, summary  # same timing method (benchmarks/ is on sys.path)
+from transformers.models.qwen3_moe import modeling_qwen3_moe as qm
+
+from atom_kernels import reference
+from atom_kernels.triton.moe import fused_moe, moe_config
+
+H, E, K, INTER = 2048, 128, 8, 768
+TOKENS = (1, 32, 256, 4096)
+ROUNDS, REPS = 5, 20
+COPY_BYTES = 2 << 30
+SWEEP = [  # (block_m, up: (BLOCK_N, BLOCK_K, warps, stages), down: (...))
+    (16, (64, 128, 4, 4), (64, 128, 4, 4)),
+    (16, (32, 256, 4, 3), (64, 256, 4, 3)),
+    (16, (16, 256, 4, 4), (32, 256, 4, 4)),
+    (32, (64, 64, 4, 4), (128, 64, 4, 4)),
+    (64, (64, 64, 4, 4), (128, 64, 4, 4)),
+    (64, (128, 64, 8, 3), (128, 64, 4, 4)),
+    (128, (64, 64, 8, 3), (128, 64, 8, 3)),
+    (128, (128, 64, 8, 3), (256, 64, 8, 3)),
+]
+
+def make_block() -> torch.nn.Module:
+    cfg = transformers.Qwen3MoeConfig(hidden_size=H, moe_intermediate_size=INTER, num_experts=E, num_experts_per_tok=K,
+                                      norm_topk_prob=True)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        block = qm.Qwen3MoeSparseMoeBlock(cfg).to(torch.bfloat16)
+    with torch.no_grad():
+        block.gate.weight.normal_(0, 0.1)
+        block.experts.gate_up_proj.normal_(0, H**-0.5)
+        block.experts.down_proj.normal_(0, INTER**-0.5)
+    return block
+
+
+def run_block(block, x, impl: str | None):
+    block.experts.config._experts_implementation = impl
+    return block(x[None])[0]
+
+
+def run_experts(block, x, ids, weights, impl: str | None):
+    block.experts.config._experts_implementation = impl
+    return block.experts(x, ids, weights)
+
+
+def implementations(block, x):
+    _, weights, ids = block.gate(x)  # transformers' routing: weights [T, K] bf16, ids [T, K] int64
+    w13, w2 = block.experts.gate_up_proj.detach(), block.experts.down_proj.detach()
+
+    def ours_with_router():
+        _, w, i = block.gate(x)
+        return fused_moe(x, w13, w2, w, i)
+
+    return ids, {
+        "ours": lambda: fused_moe(x, w13, w2, weights, ids),
+        "torch reference": lambda: reference.fused_moe(x, w13, w2, weights, ids),
+        "hf experts eager": lambda: run_experts(block, x, ids, weights, None),
+        "hf experts grouped_mm": lambda: run_experts(block, x, ids, weights, "grouped_mm"),
+        "ours + hf router": ours_with_router,
+        "hf block eager": lambda: run_block(block, x, None),
+        "hf block grouped_mm": lambda: run_block(block, x, "grouped_mm"),
+    }
+
+
+def check(block, say) -> bool:
+    """Ours vs the reference and vs transformers' block (eager) at every token count; bf16 test tolerance."""
+    ok = True
+    for t in TOKENS:
+        x = torch.randn(t, H, device="cuda", dtype=torch.bfloat16)
+        ids, fns = implementations(block, x)
+        got = fns["ours"]().float()
+        for peer in ("torch reference", "hf block eager"):
+            want = fns[peer]().float()
+            err = (got - want).abs().max().item()
+            bad = not torch.allclose(got, want, rtol=3e-2, atol=3e-2)
+            ok &= not bad
+            say(f"check T={t:5d}: max|ours - {peer}| = {err:.3e} (|{peer}| max {want.abs().max().item():.2f})"
+                + ("  MISMATCH" if bad else ""))
+    return ok
+
+
+def copy_bandwidth() -> float:
+    """Device copy bandwidth in bytes/s, counting read + write."""
+    src = torch.empty(COPY_BYTES, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    times, _ = gpu_times({"copy": lambda: dst.copy_(src)}, 3, 10)
+    return 2 * COPY_BYTES / (summary(times["copy"], 3)[0] * 1e-3)
+
+
+def sweep_fns(x, w13, w2, weights, ids) -> dict:
+    fns = {}
+    for bm, up, down in SWEEP:
+        cfg = dict(block_m=bm, up=up, down=down)
+        fns[f"block_m={bm:3d} up={up} down={down}"] = lambda cfg=cfg: fused_moe(x, w13, w2, weights, ids, cfg)
+    return fns
+
+
+@torch.no_grad()
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true")
+    parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--out", help="also write the output here (default benchmarks/results/moe-<date>-<gpu>.txt)")
+    args = parser.parse_args()
+    lines: list[str] = []
+
+    def say(s: str = "") -> None:
+        print(s, flush=True)
+        lines.append(s)
+
+    warnings.filterwarnings("ignore")  # transformers warns that a standalone block has no experts implementation
+    gpu = torch.cuda.get_device_name()
+    say(f"moe {datetime.date.today()} {gpu}, torch {torch.__version__}, triton {triton.__version__}, "
+        f"transformers {transformers.__version__}")
+    say(f"Qwen3-30B-A3B-shaped layer: hidden {H}, {E} experts, top-{K}, expert intermediate {INTER}, bf16; "
+        f"median of {ROUNDS} rounds x {REPS} launches, L2 flushed before each")
+    block = make_block()
+    if args.check and not check(block, say):
+        say("--check failed: no timings")
+        return 1
+    copy_bw = copy_bandwidth()
+    say(f"device copy bandwidth: {copy_bw / 1e9:.0f} GB/s (read + write of a {COPY_BYTES >> 30} GiB copy)")
+    rows = []
+    for t in TOKENS:
+        x = torch.randn(t, H, device="cuda", dtype=torch.bfloat16)
+        ids, fns = implementations(block, x)
+        touched = ids.unique().numel() * 3 * H * INTER * 2
+        flops = 2 * t * K * 3 * H * INTER
+        timed, failed = gpu_times(fns, ROUNDS, REPS)
+        say(f"\nT={t}: {touched / 1e6:.0f} MB of expert weights touched ({touched // (3 * H * INTER * 2)} experts), "
+            f"{flops / 1e9:.1f} GFLOP, moe_config {moe_config(t, K, E, torch.bfloat16)}")
+        for name, err in failed.items():
+            say(f"  {name:24s} failed: {err}")
+        med = {}
+        for name, ts in timed.items():
+            med[name], lo, hi = summary(ts, ROUNDS)
+            say(f"  {name:24s} {med[name] * 1e3:10.1f} us  {touched / (med[name] * 1e-3) / copy_bw:5.2f} of copy bw  "
+                f"{flops / (med[name] * 1e-3) / 1e12:6.1f} TFLOP/s   rounds {lo * 1e3:.1f}..{hi * 1e3:.1f} us")
+        if args.sweep:
+            w13, w2 = block.experts.gate_up_proj.detach(), block.experts.down_proj.detach()
+            _, weights, _ = block.gate(x)
+            st, sf = gpu_times(sweep_fns(x, w13, w2, weights, ids), 2, 10)
+            say("  sweep (fastest first):")
+            for name, ts in sorted(st.items(), key=lambda kv: summary(kv[1], 2)[0]):
+                say(f"    {name}: {summary(ts, 2)[0] * 1e3:.1f} us")
+            for name, err in sf.items():
+                say(f"    {name}: {err}")
+        rows.append((t, med, touched, flops))
+        torch.cuda.empty_cache()
+    say("\n    T   ours us   bw frac  TFLOP/s   ours/ref  ours/hf-eager  ours/hf-grouped_mm  "
+        "(ours+router)/hf-block-grouped_mm")
+    for t, med, touched, flops in rows:
+        o = med.get("ours", float("nan"))
+        ratio = {n: o / med[n] if n in med else float("nan") for n in
+                 ("torch reference", "hf experts eager", "hf experts grouped_mm")}
+        blk = med.get("ours + hf router", float("nan")) / med.get("hf block grouped_mm", float("nan"))
+        say(f"{t:5d} {o * 1e3:9.1f} {touched / (o * 1e-3) / copy_bw:9.2f} {flops / (o * 1e-3) / 1e12:8.1f} "
+            f"{ratio['torch reference']:10.3f} {ratio['hf experts eager']:14.3f} "
+            f"{ratio['hf experts grouped_mm']:19.3f} {blk:20.3f}")
+    say("(ratios are time ours / time peer: below 1 means ours is faster)")
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", gpu).strip("-")
+    path = Path(args.out or Path(__file__).parent / "results" / f"moe-{datetime.date.today()}-{slug}.txt")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    print(f"saved {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
