@@ -34,7 +34,7 @@ def test_compiled_with_full_decode_cuda_graphs(gpu_runs, name):
     assert worker["decoder_compiled"], "vLLM ran atom-core's decoder eagerly"
     assert "torch.compile is off for atom-core" not in log
     # vLLM keeps FULL_AND_PIECEWISE only when the attention builder supports full decode graphs
-    assert ours[name]["cudagraph_mode"] == own[name]["cudagraph_mode"] == "CUDAGraphMode.FULL_AND_PIECEWISE"
+    assert ours[name]["cudagraph_mode"] == own[name]["cudagraph_mode"] == "FULL_AND_PIECEWISE"
 
 
 @pytest.mark.parametrize("name", list(CHECKPOINTS))
