@@ -1,0 +1,120 @@
+"""The mixture-of-experts layer every MoE model uses: a router (data: `RouterConfig`), stacked expert weights
+run by the `fused_moe` op, and optional shared experts (DeepSeek) added to the routed output.
+
+Tensor parallelism shards each expert's intermediate dimension (like a column- then row-parallel MLP): a rank
+holds gate_up_proj [E, 2*I/tp, H] (its gate rows, then its up rows) and down_proj [E, H, I/tp], and the
+partial outputs are summed with the host's all-reduce (the Platform's). Every rank holds every expert:
+expert parallelism is not implemented yet.
+
+Checkpoints: transformers' save_pretrained writes per-expert tensors `experts.{i}.{gate,up,down}_proj.weight`
+(4.x and 5.x alike; atom_core.models.weights maps them here with shard id (i, "gate"|"up"|"down")); the fused
+in-memory layout of transformers 5 (`experts.gate_up_proj` [E, 2I, H], `experts.down_proj` [E, H, I]) loads
+too, as it has our parameter names.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import atom_kernels
+from atom_core.layers.linear import _check_shape, _divide
+from atom_core.layers.moe_router import RouterConfig, route
+from atom_core.platform import Platform
+from atom_core.plugins import current_platform
+
+
+class FusedExperts(nn.Module):
+    """E experts' SwiGLU MLPs: hidden [T, H] + routing (topk_weights, topk_ids [T, K]) → [T, H]."""
+
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, hidden_act: str = "silu",
+                 platform: Platform | None = None) -> None:
+        super().__init__()
+        if hidden_act not in ("silu", "swish"):
+            raise ValueError(f"MoE experts: hidden_act={hidden_act!r} is not supported; supported: silu")
+        self.platform = platform or current_platform()
+        self.tp_rank, self.tp_size = self.platform.tp_rank, self.platform.tp_size
+        self.intermediate = _divide(intermediate_size, self.tp_size, "moe_intermediate_size")  # per rank
+        local = self.intermediate
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * local, hidden_size), requires_grad=False)
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, local), requires_grad=False)
+        for param in (self.gate_up_proj, self.down_proj):
+            param.weight_loader = self.weight_loader
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard: tuple[int, str] | None = None) -> None:
+        """shard None: a fused tensor of every expert; (expert, "gate"|"up"|"down"): one expert's [out, in]."""
+        if shard is None:
+            self._load_stacked(param, loaded)
+            return
+        expert, kind = shard
+        if not 0 <= expert < param.shape[0]:
+            raise ValueError(f"checkpoint has expert {expert}, but the layer has {param.shape[0]} experts "
+                             "(num_experts in config.json)")
+        target = param.data[expert]
+        if kind == "down":  # [H, I]: this rank's columns
+            loaded = loaded.narrow(1, self.tp_rank * self.intermediate, self.intermediate)
+        else:  # [I, H]: this rank's rows, into the gate (first) or up (second) half
+            target = target.narrow(0, 0 if kind == "gate" else self.intermediate, self.intermediate)
+            loaded = loaded.narrow(0, self.tp_rank * self.intermediate, self.intermediate)
+        _check_shape(target, loaded, f"experts.{expert}.{kind}_proj")
+        target.copy_(loaded)
+
+    def _load_stacked(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        name = "experts.gate_up_proj" if param is self.gate_up_proj else "experts.down_proj"
+        if loaded.dim() != 3:
+            raise ValueError(f"weight shape mismatch for {name}: checkpoint {tuple(loaded.shape)}, expected "
+                             "[experts, out, in] for every expert at once")
+        local, rank = self.intermediate, self.tp_rank
+        if param is self.down_proj:  # [E, H, I]: this rank's columns
+            loaded = loaded.narrow(2, rank * local, local)
+        else:  # [E, 2I, H]: this rank's gate rows, then its up rows
+            full = loaded.shape[1] // 2
+            loaded = torch.cat([loaded.narrow(1, rank * local, local),
+                                loaded.narrow(1, full + rank * local, local)], dim=1)
+        _check_shape(param, loaded, name)
+        param.data.copy_(loaded)
+
+    def forward(self, hidden: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+        out = atom_kernels.fused_moe(hidden, self.gate_up_proj, self.down_proj, topk_weights, topk_ids)
+        return self.platform.all_reduce(out) if self.tp_size > 1 else out
+
+
+class Router(nn.Module):
+    """weight [E, H] (replicated on every rank), e_score_correction_bias [E] float32 for noaux_tc."""
+
+    def __init__(self, hidden_size: int, config: RouterConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.weight = nn.Parameter(torch.empty(config.num_experts, hidden_size), requires_grad=False)
+        if config.has_correction_bias:
+            # float32 whatever the model dtype, as transformers keeps it (_keep_in_fp32_modules_strict)
+            self.e_score_correction_bias = nn.Parameter(torch.empty(config.num_experts, dtype=torch.float32),
+                                                        requires_grad=False)
+        else:
+            self.register_parameter("e_score_correction_bias", None)
+
+    def forward(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """hidden [T, H] → (topk_weights [T, K], topk_ids [T, K])."""
+        return route(hidden, self.weight, self.config, self.e_score_correction_bias)
+
+
+class MoE(nn.Module):
+    """Router + routed experts (+ `shared_experts`, any module [T, H] → [T, H], e.g. a gated MLP).
+
+    Parameter names follow transformers' checkpoints: gate.weight, gate.e_score_correction_bias,
+    experts.gate_up_proj / experts.down_proj, shared_experts.*."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, router: RouterConfig, hidden_act: str = "silu",
+                 shared_experts: nn.Module | None = None, platform: Platform | None = None) -> None:
+        super().__init__()
+        self.gate = Router(hidden_size, router)
+        self.experts = FusedExperts(router.num_experts, hidden_size, intermediate_size, hidden_act, platform)
+        self.shared_experts = shared_experts
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [T, H] → [T, H]."""
+        topk_weights, topk_ids = self.gate(hidden)
+        out = self.experts(hidden, topk_weights, topk_ids)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(hidden)
+        return out
