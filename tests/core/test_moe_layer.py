@@ -199,6 +199,17 @@ def test_tensor_parallel_shards_sum_to_the_full_layer():
     assert not torch.allclose(partial[0], partial[1])
 
 
+def test_layer_compiles_with_dynamo_fullgraph():
+    """Hosts compile the decoder with dynamo (vLLM: fullgraph=True): the experts are one opaque op there."""
+    cfg, block = _deepseek_block("DeepseekV3", seed=8, **DEEPSEEK["v3-noaux-norm"][1])
+    with NATIVE.scope():
+        ours = _ours(cfg, shared=True)
+    _load(ours, _hf_weights(block))
+    x = _inputs(seed=9)
+    compiled = torch.compile(ours, fullgraph=True, backend="eager", dynamic=True)
+    torch.testing.assert_close(compiled(x), ours(x), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("bad,match", [
     (dict(scoring="tanh"), "scoring_func='tanh'"),
     (dict(topk_method="noaux"), "topk_method='noaux'"),
