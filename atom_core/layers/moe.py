@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 import atom_kernels
-from atom_core.layers.linear import _check_shape, _divide
+from atom_core.layers.linear import _divide
 from atom_core.layers.moe_router import RouterConfig, route
 from atom_core.platform import Platform
 from atom_core.plugins import current_platform
@@ -35,6 +35,12 @@ def moe_experts(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_
 @moe_experts.register_fake
 def _(hidden, w13, w2, topk_weights, topk_ids) -> torch.Tensor:
     return torch.empty_like(hidden)
+
+
+def _require_shape(loaded: torch.Tensor, expected: tuple[int, ...], name: str) -> None:
+    if tuple(loaded.shape) != expected:
+        raise ValueError(f"weight shape mismatch for {name}: checkpoint {tuple(loaded.shape)}, model expects "
+                         f"{expected} (the whole tensor, before tensor-parallel sharding)")
 
 
 class FusedExperts(nn.Module):
@@ -55,37 +61,31 @@ class FusedExperts(nn.Module):
             param.weight_loader = self.weight_loader
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard: tuple[int, str] | None = None) -> None:
-        """shard None: a fused tensor of every expert; (expert, "gate"|"up"|"down"): one expert's [out, in]."""
+        """shard None: a fused tensor of every expert; (expert, "gate"|"up"|"down"): one expert's [out, in].
+        Checkpoint tensors are whole (every rank's part): each rank narrows out its own."""
+        num_experts, hidden = self.down_proj.shape[:2]
+        local, rank, full = self.intermediate, self.tp_rank, self.intermediate * self.tp_size
         if shard is None:
-            self._load_stacked(param, loaded)
+            down = param is self.down_proj
+            name = "experts.down_proj" if down else "experts.gate_up_proj"
+            _require_shape(loaded, (num_experts, hidden, full) if down else (num_experts, 2 * full, hidden), name)
+            if down:  # [E, H, I]: this rank's columns
+                param.data.copy_(loaded.narrow(2, rank * local, local))
+            else:  # [E, 2I, H]: this rank's gate rows, then its up rows
+                param.data.copy_(torch.cat([loaded.narrow(1, rank * local, local),
+                                            loaded.narrow(1, full + rank * local, local)], dim=1))
             return
         expert, kind = shard
-        if not 0 <= expert < param.shape[0]:
-            raise ValueError(f"checkpoint has expert {expert}, but the layer has {param.shape[0]} experts "
+        if not 0 <= expert < num_experts:
+            raise ValueError(f"checkpoint has expert {expert}, but the layer has {num_experts} experts "
                              "(num_experts in config.json)")
-        target = param.data[expert]
-        if kind == "down":  # [H, I]: this rank's columns
-            loaded = loaded.narrow(1, self.tp_rank * self.intermediate, self.intermediate)
+        down = kind == "down"
+        _require_shape(loaded, (hidden, full) if down else (full, hidden), f"experts.{expert}.{kind}_proj")
+        if down:  # [H, I]: this rank's columns
+            param.data[expert].copy_(loaded.narrow(1, rank * local, local))
         else:  # [I, H]: this rank's rows, into the gate (first) or up (second) half
-            target = target.narrow(0, 0 if kind == "gate" else self.intermediate, self.intermediate)
-            loaded = loaded.narrow(0, self.tp_rank * self.intermediate, self.intermediate)
-        _check_shape(target, loaded, f"experts.{expert}.{kind}_proj")
-        target.copy_(loaded)
-
-    def _load_stacked(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
-        name = "experts.gate_up_proj" if param is self.gate_up_proj else "experts.down_proj"
-        if loaded.dim() != 3:
-            raise ValueError(f"weight shape mismatch for {name}: checkpoint {tuple(loaded.shape)}, expected "
-                             "[experts, out, in] for every expert at once")
-        local, rank = self.intermediate, self.tp_rank
-        if param is self.down_proj:  # [E, H, I]: this rank's columns
-            loaded = loaded.narrow(2, rank * local, local)
-        else:  # [E, 2I, H]: this rank's gate rows, then its up rows
-            full = loaded.shape[1] // 2
-            loaded = torch.cat([loaded.narrow(1, rank * local, local),
-                                loaded.narrow(1, full + rank * local, local)], dim=1)
-        _check_shape(param, loaded, name)
-        param.data.copy_(loaded)
+            offset = 0 if kind == "gate" else local
+            param.data[expert, offset:offset + local].copy_(loaded.narrow(0, rank * local, local))
 
     def forward(self, hidden: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         out = moe_experts(hidden, self.gate_up_proj, self.down_proj, topk_weights, topk_ids)

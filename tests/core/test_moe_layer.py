@@ -231,3 +231,7 @@ def test_unknown_model_type_and_bad_expert_weights_are_named():
         experts.weight_loader(experts.down_proj, torch.zeros(HIDDEN, INTER), (4, "down"))
     with pytest.raises(ValueError, match="weight shape mismatch for experts.1.gate_proj"):
         experts.weight_loader(experts.gate_up_proj, torch.zeros(INTER, HIDDEN + 1), (1, "gate"))
+    with pytest.raises(ValueError, match=r"mismatch for experts.2.down_proj: checkpoint \(32, 17\)"):
+        experts.weight_loader(experts.down_proj, torch.zeros(HIDDEN, INTER + 1), (2, "down"))
+    with pytest.raises(ValueError, match="mismatch for experts.gate_up_proj"):
+        experts.weight_loader(experts.gate_up_proj, torch.zeros(4, 2 * INTER + 2, HIDDEN))
