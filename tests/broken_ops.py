@@ -42,21 +42,29 @@ def fused_rotary_identity(positions, query, key, value, q_weight, k_weight, eps,
     return rms_norm(query, q_weight, eps)
 
 
-# break name → [(op, replacement)]: the plain path and the fused Qwen3 prologue broken alike
+def experts_zeros(hidden, *args) -> torch.Tensor:
+    """fused_moe whose experts contribute nothing."""
+    return torch.zeros_like(hidden)
+
+
+# break name → [(op, replacement)]: the plain path and the fused Qwen3 prologue broken alike. BREAKS hold the
+# ops every model runs (test_canary.py breaks each under every scenario); MOE_BREAKS those only MoE models run.
 BREAKS = {
     "attention": [("paged_attention", attention_zeros)],
     "kv_write": [("write_kv_cache", kv_write_nothing), ("fused_qk_norm_rope_write_kv", fused_write_nothing)],
     "rotary": [("rotary", rotary_identity), ("fused_qk_norm_rope_write_kv", fused_rotary_identity)],
 }
+MOE_BREAKS = {"fused_moe": [("fused_moe", experts_zeros)]}
+ALL_BREAKS = {**BREAKS, **MOE_BREAKS}
 
 
 @contextlib.contextmanager
 def broken(name: str, device_type: str = "cuda" if torch.cuda.is_available() else "cpu") -> Iterator[None]:
-    """Within the block, break `name` (a BREAKS key) for the backend each op runs on `device_type`, eager and
-    traced by a compiler (dispatch.COMPILER_FUSES ops trace as the torch reference)."""
+    """Within the block, break `name` (an ALL_BREAKS key) for the backend each op runs on `device_type`, eager
+    and traced by a compiler (dispatch.COMPILER_FUSES ops trace as the torch reference)."""
     restore = []
     try:
-        for op, fn in BREAKS[name]:
+        for op, fn in ALL_BREAKS[name]:
             for backend in dict.fromkeys((dispatch.backend_for(op, device_type), dispatch.backend_for(op, "traced"))):
                 restore.append((op, backend, dispatch.register(op, backend, f"{__name__}:{fn.__name__}")))
         yield

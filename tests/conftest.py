@@ -7,9 +7,9 @@ import torch
 
 
 def pytest_addoption(parser):
-    from tests.broken_ops import BREAKS
+    from tests.broken_ops import ALL_BREAKS
 
-    parser.addoption("--break-op", choices=sorted(BREAKS), default=None,
+    parser.addoption("--break-op", choices=sorted(ALL_BREAKS), default=None,
                      help="break one op for the whole run (tests/broken_ops.py): every parity test must then fail")
 
 

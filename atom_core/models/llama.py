@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
@@ -98,12 +98,15 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, cfg) -> None:
+    """Gated MLP; `intermediate_size` defaults to the config's (MoE models pass their shared experts' size)."""
+
+    def __init__(self, cfg, intermediate_size: int | None = None) -> None:
         super().__init__()
         bias = getattr(cfg, "mlp_bias", False)
-        self.gate_up_proj = MergedColumnParallelLinear(cfg.hidden_size, [cfg.intermediate_size] * 2, bias)
+        inter = intermediate_size or cfg.intermediate_size
+        self.gate_up_proj = MergedColumnParallelLinear(cfg.hidden_size, [inter] * 2, bias)
         self.act_fn = get_act_and_mul(cfg.hidden_act)
-        self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, bias)
+        self.down_proj = RowParallelLinear(inter, cfg.hidden_size, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))
@@ -111,11 +114,11 @@ class LlamaMLP(nn.Module):
 
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, config: AtomConfig, layer_idx: int, prefix: str, qk_norm: bool,
-                 rotary_emb: RotaryEmbedding) -> None:
+                 rotary_emb: RotaryEmbedding, mlp: nn.Module) -> None:
         super().__init__()
         cfg = config.hf_config
         self.self_attn = LlamaAttention(config, layer_idx, f"{prefix}.self_attn", qk_norm, rotary_emb)
-        self.mlp = LlamaMLP(cfg)
+        self.mlp = mlp
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -129,15 +132,22 @@ class LlamaDecoderLayer(nn.Module):
         return self.mlp(hidden), residual
 
 
+def dense_mlp(config: AtomConfig, layer_idx: int) -> nn.Module:
+    return LlamaMLP(config.hf_config)
+
+
 class LlamaModel(nn.Module):
-    def __init__(self, config: AtomConfig, prefix: str = "model", qk_norm: bool = False) -> None:
+    """`build_mlp(config, layer_idx)` makes each layer's MLP (MoE models put their expert layers there)."""
+
+    def __init__(self, config: AtomConfig, prefix: str = "model", qk_norm: bool = False,
+                 build_mlp: Callable[[AtomConfig, int], nn.Module] = dense_mlp) -> None:
         super().__init__()
         cfg = config.hf_config
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
         # One cos|sin table [max_model_len, rotary_dim] for all layers (a table per layer cost GiBs).
         self.rotary_emb = get_rope(cfg, _head_dim(cfg), config.max_model_len)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, i, f"{prefix}.layers.{i}", qk_norm, self.rotary_emb)
+            LlamaDecoderLayer(config, i, f"{prefix}.layers.{i}", qk_norm, self.rotary_emb, build_mlp(config, i))
             for i in range(cfg.num_hidden_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -153,6 +163,7 @@ class LlamaModel(nn.Module):
 
 class LlamaForCausalLM(nn.Module):
     qk_norm = False
+    build_mlp = staticmethod(dense_mlp)
     # checkpoint name fragment → (our packed parameter, shard id)
     packed_modules_mapping = {
         "q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
@@ -164,7 +175,7 @@ class LlamaForCausalLM(nn.Module):
         cfg = config.hf_config
         self.config = config
         model_prefix = f"{prefix}.model" if prefix else "model"
-        self.model = LlamaModel(config, model_prefix, self.qk_norm)
+        self.model = LlamaModel(config, model_prefix, self.qk_norm, self.build_mlp)
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size)
         self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
         if self.tie_word_embeddings:

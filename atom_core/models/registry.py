@@ -7,6 +7,7 @@ import importlib
 _MODELS: dict[str, str] = {
     "LlamaForCausalLM": "atom_core.models.llama:LlamaForCausalLM",
     "Qwen3ForCausalLM": "atom_core.models.qwen3:Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM": "atom_core.models.qwen3_moe:Qwen3MoeForCausalLM",
 }
 
 

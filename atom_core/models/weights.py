@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 import torch
@@ -40,9 +41,18 @@ def load_named_weights(
     return loaded
 
 
+# transformers' per-expert checkpoint names → the MoE layer's stacked parameter and shard (expert, part)
+_EXPERT = re.compile(r"^(?P<experts>(?:.+\.)?experts)\.(?P<index>\d+)\.(?P<part>gate|up|down)_proj\.weight$")
+
+
 def _resolve(name: str, params: dict, packed: dict) -> tuple[str, object]:
     if name in params:
         return name, None
+    expert = _EXPERT.match(name)
+    if expert is not None:
+        target = f"{expert['experts']}.{'down_proj' if expert['part'] == 'down' else 'gate_up_proj'}"
+        if target in params:
+            return target, (int(expert["index"]), expert["part"])
     for fragment, (ours, shard) in packed.items():
         key = f".{fragment}."
         if key in name:

@@ -18,6 +18,11 @@ _BASE: dict[str, dict[str, Any]] = {
     "Qwen3ForCausalLM": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                              num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
                              tie_word_embeddings=True, initializer_range=0.2),
+    # 8 experts, top-2, renormalised; layer 0 dense (its MLP is intermediate_size wide), layer 1 MoE
+    "Qwen3MoeForCausalLM": dict(hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_experts=8,
+                                num_experts_per_tok=2, norm_topk_prob=True, mlp_only_layers=[0],
+                                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                max_position_embeddings=512, tie_word_embeddings=False, initializer_range=0.2),
     "LlamaForCausalLM": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                              num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False,
                              initializer_range=0.2),

@@ -70,6 +70,7 @@ def adapted_architectures() -> list[str]:
     return sorted(_ADAPTERS)
 
 
-# Llama and Qwen3 are plain decoder stacks ('model.layers.<i>.self_attn.attn'): the defaults fit.
+# Llama, Qwen3 and Qwen3-MoE are plain decoder stacks ('model.layers.<i>.self_attn.attn'): the defaults fit.
 register_adapter(ModelAdapter("LlamaForCausalLM", "LlamaForCausalLM"))
 register_adapter(ModelAdapter("Qwen3ForCausalLM", "Qwen3ForCausalLM"))
+register_adapter(ModelAdapter("Qwen3MoeForCausalLM", "Qwen3MoeForCausalLM"))

@@ -79,6 +79,7 @@ def _worker(rank, world, path, port, queue):
 @pytest.mark.parametrize("arch, overrides", [
     ("LlamaForCausalLM", dict(num_key_value_heads=2, vocab_size=321)),  # kv heads split, vocab padded
     ("Qwen3ForCausalLM", dict(num_key_value_heads=1)),  # kv head replicated on both ranks
+    ("Qwen3MoeForCausalLM", {}),  # a dense layer, then MoE: each expert's intermediate dim split, all-reduced
 ])
 def test_tp2_logits_match_transformers(checkpoint_factory, arch, overrides):
     from transformers import AutoModelForCausalLM

@@ -34,15 +34,16 @@ CASES = {
 }
 
 Outcome = tuple[list[list[int]], list[list[int]]]  # (ours, transformers')
+Checkpoint = tuple[str, dict]  # (architecture, checkpoint overrides), as CASES' values; MoE tests pass theirs
 
 
 def _generate(llm: LLM, prompts) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)]
 
 
-def plain(checkpoint_factory, case: str = "qwen3-gqa-tied") -> Outcome:
+def plain(checkpoint_factory, checkpoint: Checkpoint = CASES["qwen3-gqa-tied"]) -> Outcome:
     """Five prompts of different lengths in one batch."""
-    arch, overrides = CASES[case]
+    arch, overrides = checkpoint
     path = checkpoint_factory(arch, **overrides)
     prompts = random_prompts(LENGTHS)
     outs = LLM(path, block_size=8).generate(prompts, GREEDY, use_tqdm=False)
@@ -52,9 +53,9 @@ def plain(checkpoint_factory, case: str = "qwen3-gqa-tied") -> Outcome:
     return [o.outputs[0].token_ids for o in outs], hf_greedy(path, prompts, NEW_TOKENS)
 
 
-def prefix_cache(checkpoint_factory) -> Outcome:
+def prefix_cache(checkpoint_factory, checkpoint: Checkpoint = CASES["qwen3-gqa-tied"]) -> Outcome:
     """Follow-ups of a 40-token prompt reuse its cached blocks; the same prompt again reuses all but one token."""
-    path = checkpoint_factory("Qwen3ForCausalLM")
+    path = checkpoint_factory(checkpoint[0], **checkpoint[1])
     base = random_prompts([40], seed=1)[0]
     followups = [base + tail for tail in random_prompts([5, 12, 1], seed=2)]
     llm = LLM(path, block_size=4)
@@ -67,17 +68,17 @@ def prefix_cache(checkpoint_factory) -> Outcome:
     return got, hf_greedy(path, [base] + followups + [base], NEW_TOKENS)
 
 
-def chunked_prefill(checkpoint_factory) -> Outcome:
+def chunked_prefill(checkpoint_factory, checkpoint: Checkpoint = CASES["llama-gqa-untied"]) -> Outcome:
     """A 10-token step budget: prompts are prefilled in chunks, next to other requests' decodes."""
-    path = checkpoint_factory("LlamaForCausalLM")
+    path = checkpoint_factory(checkpoint[0], **checkpoint[1])
     prompts = random_prompts([64, 33, 7, 50], seed=3)
     llm = LLM(path, block_size=4, max_num_batched_tokens=10)
     return _generate(llm, prompts), hf_greedy(path, prompts, NEW_TOKENS)
 
 
-def preemption(checkpoint_factory) -> Outcome:
+def preemption(checkpoint_factory, checkpoint: Checkpoint = CASES["qwen3-gqa-tied"]) -> Outcome:
     """A KV cache too small for every request at once: the newest are preempted and recomputed."""
-    path = checkpoint_factory("Qwen3ForCausalLM")
+    path = checkpoint_factory(checkpoint[0], **checkpoint[1])
     prompts = random_prompts([60, 45, 30, 52, 20], seed=4)
     llm = LLM(path, block_size=4, num_kv_blocks=40, max_model_len=128, enable_prefix_caching=False)
     got = _generate(llm, prompts)
@@ -85,8 +86,8 @@ def preemption(checkpoint_factory) -> Outcome:
     return got, hf_greedy(path, prompts, NEW_TOKENS)
 
 
-def preemption_with_prefix_cache(checkpoint_factory) -> Outcome:
-    path = checkpoint_factory("Qwen3ForCausalLM")
+def preemption_with_prefix_cache(checkpoint_factory, checkpoint: Checkpoint = CASES["qwen3-gqa-tied"]) -> Outcome:
+    path = checkpoint_factory(checkpoint[0], **checkpoint[1])
     shared = random_prompts([24], seed=5)[0]
     prompts = [shared + t for t in random_prompts([30, 21, 36, 10], seed=6)]
     llm = LLM(path, block_size=4, num_kv_blocks=36, max_model_len=128, max_num_batched_tokens=16)
@@ -95,10 +96,11 @@ def preemption_with_prefix_cache(checkpoint_factory) -> Outcome:
     return got, hf_greedy(path, prompts, NEW_TOKENS)
 
 
-def fused_prologue(checkpoint_factory) -> Outcome:
+def fused_prologue(checkpoint_factory,
+                   checkpoint: Checkpoint = ("Qwen3ForCausalLM", dict(tie_word_embeddings=False))) -> Outcome:
     """Qwen3's q/k norm + rotary + KV write as the one fused op (ATOM_FUSED_QK_NORM_ROPE=1), with prompts
     chunked so later chunks read what earlier ones wrote."""
-    path = checkpoint_factory("Qwen3ForCausalLM", tie_word_embeddings=False)
+    path = checkpoint_factory(checkpoint[0], **checkpoint[1])
     prompts = random_prompts(LENGTHS, seed=8)
     with pytest.MonkeyPatch.context() as env:
         env.setenv("ATOM_FUSED_QK_NORM_ROPE", "1")  # read when the engine's config is made
@@ -128,7 +130,7 @@ SCENARIOS = {f.__name__: f for f in (plain, prefix_cache, chunked_prefill, preem
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_greedy_matches_transformers(checkpoint_factory, case):
-    ours, want = plain(checkpoint_factory, case)
+    ours, want = plain(checkpoint_factory, CASES[case])
     assert ours == want
 
 

@@ -37,7 +37,7 @@ def test_import_model_classes_strict_imports_every_module():
     from atom_frontends.sglang.wrapper import AtomSGLangModel
 
     classes = import_model_classes(MODELS, strict=True)
-    assert sorted(classes) == adapted_architectures() == ["LlamaForCausalLM", "Qwen3ForCausalLM"]
+    assert sorted(classes) == adapted_architectures() == ["LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"]
     for arch, cls in classes.items():
         assert cls.__name__ == arch and issubclass(cls, AtomSGLangModel)
         assert cls.__module__.startswith(MODELS + ".")

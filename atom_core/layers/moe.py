@@ -1,0 +1,133 @@
+"""The mixture-of-experts layer every MoE model uses: a router (data: `RouterConfig`), stacked expert weights
+run by the `fused_moe` op, and optional shared experts (DeepSeek) added to the routed output.
+
+Tensor parallelism shards each expert's intermediate dimension (like a column- then row-parallel MLP): a rank
+holds gate_up_proj [E, 2*I/tp, H] (its gate rows, then its up rows) and down_proj [E, H, I/tp], and the
+partial outputs are summed with the host's all-reduce (the Platform's). Every rank holds every expert:
+expert parallelism is not implemented yet.
+
+Checkpoints: transformers' save_pretrained writes per-expert tensors `experts.{i}.{gate,up,down}_proj.weight`
+(4.x and 5.x alike; atom_core.models.weights maps them here with shard id (i, "gate"|"up"|"down")); the fused
+in-memory layout of transformers 5 (`experts.gate_up_proj` [E, 2I, H], `experts.down_proj` [E, H, I]) loads
+too, as it has our parameter names.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import atom_kernels
+from atom_core.layers.linear import _divide
+from atom_core.layers.moe_router import RouterConfig, route
+from atom_core.platform import Platform
+from atom_core.plugins import current_platform
+
+
+@torch.library.custom_op("atom::moe_experts", mutates_args=())
+def moe_experts(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                topk_ids: torch.Tensor) -> torch.Tensor:
+    """atom_kernels.fused_moe as an opaque op: hosts compile the decoder with dynamo (vLLM: fullgraph), which
+    cannot trace the torch reference's data-dependent grouping (per-expert counts read on the host)."""
+    return atom_kernels.fused_moe(hidden, w13, w2, topk_weights, topk_ids)
+
+
+@moe_experts.register_fake
+def _(hidden, w13, w2, topk_weights, topk_ids) -> torch.Tensor:
+    return torch.empty_like(hidden)
+
+
+def _require_shape(loaded: torch.Tensor, expected: tuple[int, ...], name: str) -> None:
+    if tuple(loaded.shape) != expected:
+        raise ValueError(f"weight shape mismatch for {name}: checkpoint {tuple(loaded.shape)}, model expects "
+                         f"{expected} (the whole tensor, before tensor-parallel sharding)")
+
+
+class FusedExperts(nn.Module):
+    """E experts' SwiGLU MLPs: hidden [T, H] + routing (topk_weights, topk_ids [T, K]) → [T, H]."""
+
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, hidden_act: str = "silu",
+                 platform: Platform | None = None) -> None:
+        super().__init__()
+        if hidden_act not in ("silu", "swish"):
+            raise ValueError(f"MoE experts: hidden_act={hidden_act!r} is not supported; supported: silu")
+        self.platform = platform or current_platform()
+        self.tp_rank, self.tp_size = self.platform.tp_rank, self.platform.tp_size
+        self.intermediate = _divide(intermediate_size, self.tp_size, "moe_intermediate_size")  # per rank
+        local = self.intermediate
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * local, hidden_size), requires_grad=False)
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, local), requires_grad=False)
+        for param in (self.gate_up_proj, self.down_proj):
+            param.weight_loader = self.weight_loader
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard: tuple[int, str] | None = None) -> None:
+        """shard None: a fused tensor of every expert; (expert, "gate"|"up"|"down"): one expert's [out, in].
+        Checkpoint tensors are whole (every rank's part): each rank narrows out its own."""
+        num_experts, hidden = self.down_proj.shape[:2]
+        local, rank, full = self.intermediate, self.tp_rank, self.intermediate * self.tp_size
+        if shard is None:
+            down = param is self.down_proj
+            name = "experts.down_proj" if down else "experts.gate_up_proj"
+            _require_shape(loaded, (num_experts, hidden, full) if down else (num_experts, 2 * full, hidden), name)
+            if down:  # [E, H, I]: this rank's columns
+                param.data.copy_(loaded.narrow(2, rank * local, local))
+            else:  # [E, 2I, H]: this rank's gate rows, then its up rows
+                param.data.copy_(torch.cat([loaded.narrow(1, rank * local, local),
+                                            loaded.narrow(1, full + rank * local, local)], dim=1))
+            return
+        expert, kind = shard
+        if not 0 <= expert < num_experts:
+            raise ValueError(f"checkpoint has expert {expert}, but the layer has {num_experts} experts "
+                             "(num_experts in config.json)")
+        down = kind == "down"
+        _require_shape(loaded, (hidden, full) if down else (full, hidden), f"experts.{expert}.{kind}_proj")
+        if down:  # [H, I]: this rank's columns
+            param.data[expert].copy_(loaded.narrow(1, rank * local, local))
+        else:  # [I, H]: this rank's rows, into the gate (first) or up (second) half
+            offset = 0 if kind == "gate" else local
+            param.data[expert, offset:offset + local].copy_(loaded.narrow(0, rank * local, local))
+
+    def forward(self, hidden: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+        out = moe_experts(hidden, self.gate_up_proj, self.down_proj, topk_weights, topk_ids)
+        return self.platform.all_reduce(out) if self.tp_size > 1 else out
+
+
+class Router(nn.Module):
+    """weight [E, H] (replicated on every rank), e_score_correction_bias [E] float32 for noaux_tc."""
+
+    def __init__(self, hidden_size: int, config: RouterConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.weight = nn.Parameter(torch.empty(config.num_experts, hidden_size), requires_grad=False)
+        if config.has_correction_bias:
+            # float32 whatever the model dtype, as transformers keeps it (_keep_in_fp32_modules_strict)
+            self.e_score_correction_bias = nn.Parameter(torch.empty(config.num_experts, dtype=torch.float32),
+                                                        requires_grad=False)
+        else:
+            self.register_parameter("e_score_correction_bias", None)
+
+    def forward(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """hidden [T, H] → (topk_weights [T, K], topk_ids [T, K])."""
+        return route(hidden, self.weight, self.config, self.e_score_correction_bias)
+
+
+class MoE(nn.Module):
+    """Router + routed experts (+ `shared_experts`, any module [T, H] → [T, H], e.g. a gated MLP).
+
+    Parameter names follow transformers' checkpoints: gate.weight, gate.e_score_correction_bias,
+    experts.gate_up_proj / experts.down_proj, shared_experts.*."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, router: RouterConfig, hidden_act: str = "silu",
+                 shared_experts: nn.Module | None = None, platform: Platform | None = None) -> None:
+        super().__init__()
+        self.gate = Router(hidden_size, router)
+        self.experts = FusedExperts(router.num_experts, hidden_size, intermediate_size, hidden_act, platform)
+        self.shared_experts = shared_experts
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [T, H] → [T, H]."""
+        topk_weights, topk_ids = self.gate(hidden)
+        out = self.experts(hidden, topk_weights, topk_ids)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(hidden)
+        return out
