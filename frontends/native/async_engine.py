@@ -45,6 +45,7 @@ class RequestStream:
         self.request_id, self.params, self._engine = request_id, params, engine
         self.accepted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.done = False  # the engine has delivered the final output or an error
+        self.prompt_token_ids: list[int] = []  # set once the engine thread accepted the request
         self._event = asyncio.Event()
         self._latest: RequestOutput | None = None
         self._error: BaseException | None = None
@@ -233,6 +234,7 @@ class AsyncLLMEngine:
             self._call_loop(self._deliver, [(stream, e)])
             return
         self._live[stream.request_id] = stream
+        stream.prompt_token_ids = ids  # read on the event loop after `accepted` resolves
         self._call_loop(self._accept, stream, None)
 
     def _abort(self, request_id: str) -> None:
