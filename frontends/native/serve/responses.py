@@ -83,8 +83,9 @@ class Completions:
                 "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
 
     def chunk_choice(self, index: int, c: CompletionOutput) -> dict | None:
-        """A streamed choice; None when the delta shows nothing (tokens whose text is still held back)."""
-        if not c.text and c.finish_reason is None and not c.logprobs:
+        """A streamed choice; None when the delta holds nothing. Tokens whose text is held back (part of a
+        character, maybe a stop string) still make a chunk with text "", as in vLLM."""
+        if not c.text and not c.token_ids and c.finish_reason is None:
             return None
         return self.choice(index, c)
 
@@ -127,7 +128,7 @@ class ChatCompletions(Completions):
 
     def chunk_choice(self, index: int, c: CompletionOutput) -> dict | None:
         """A streamed choice: the first one of an index carries the role; None when it shows nothing."""
-        if index in self.started and not c.text and c.finish_reason is None and not c.logprobs:
+        if index in self.started and not c.text and not c.token_ids and c.finish_reason is None:
             return None
         delta = {"content": c.text} if c.text else {}
         if index not in self.started:
