@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import shutil
 import socket
@@ -42,7 +43,9 @@ def _free_port() -> int:
 def start(cmd: list[str], env: dict, port: int, log_path: str, timeout: float = 600) -> subprocess.Popen:
     """Start a server and wait for its /health."""
     log = open(log_path, "w")
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    # cwd elsewhere: `python -m` puts the cwd on sys.path, and this repo's kernels/ folder would shadow
+    # the PyPI package `kernels` that transformers probes for
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=os.path.dirname(log_path))
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -119,6 +122,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--keep", metavar="DIR", help="keep the checkpoint, the servers' logs and texts (texts.json) here")
     args = ap.parse_args()
 
     import torch
@@ -130,6 +134,8 @@ def main() -> None:
     atom = shutil.which("atom-core") or os.path.join(os.path.dirname(sys.executable), "atom-core")
     seqs, max_len = str(args.concurrency), str(args.prompt_len + args.max_tokens + 16)
     with tempfile.TemporaryDirectory() as tmp:
+        tmp = args.keep or tmp
+        os.makedirs(tmp, exist_ok=True)
         path = str(build_checkpoint(os.path.join(tmp, "ckpt"), "Qwen3ForCausalLM", **CHECKPOINT))
         port = _free_port()
         ours = run_server("atom-core", [atom, "serve", "--model", path, "--port", str(port), "--served-model-name",
@@ -149,6 +155,9 @@ def main() -> None:
           f"CPU x{os.cpu_count()}")
     print(f"{args.requests} streamed completions, {args.concurrency} concurrent, prompt {args.prompt_len} tokens, "
           f"{args.max_tokens} new tokens (greedy, EOS ignored)")
+    if args.keep:
+        with open(os.path.join(args.keep, "texts.json"), "w") as f:
+            json.dump({"prompts": prompts, "atom-core": ours["texts"], "vllm": theirs["texts"]}, f)
     same = sum(a == b for a, b in zip(ours["texts"], theirs["texts"]))
     print(f"requests whose text is the same on both servers: {same}/{args.requests}")
     print(f"{'server':<18}{'requests/s':>12}{'output tok/s':>14}{'median TTFT ms':>16}")
