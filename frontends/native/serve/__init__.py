@@ -4,9 +4,10 @@ from __future__ import annotations
 
 
 def require_serve_deps() -> None:
-    """Raise a clear error when FastAPI or uvicorn is missing (they come with the `serve` extra)."""
-    import importlib.util
-
-    missing = [m for m in ("fastapi", "uvicorn") if importlib.util.find_spec(m) is None]
-    if missing:
-        raise ModuleNotFoundError(f"atom-core serve needs {' and '.join(missing)}: pip install 'atom-core[serve]'")
+    """Raise a clear error when FastAPI or uvicorn cannot be imported (they come with the `serve` extra)."""
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as e:
+        raise ModuleNotFoundError(f"atom-core serve needs FastAPI and uvicorn ({e}): "
+                                  "pip install 'atom-core[serve]'") from None
