@@ -187,6 +187,16 @@ def test_dropped_stream_frees_its_blocks(server, ckpt, tok):
     assert after["num_free_kv_blocks"] == after["num_kv_blocks"]
 
 
+def test_client_gone_before_a_plain_answer_aborts_it(server):
+    before = _wait_idle(server)
+    body = json.dumps({"model": "tiny", "prompt": PROMPTS[0], "max_tokens": 3000, "ignore_eos": True}).encode()
+    with pytest.raises(OSError):  # the client gives up (a timeout) and closes its connection
+        server.request("POST", "/v1/completions", body, timeout=1.0)
+    after = _wait_idle(server)
+    assert after["num_aborted_requests"] == before["num_aborted_requests"] + 1
+    assert after["num_free_kv_blocks"] == after["num_kv_blocks"]
+
+
 BAD = [  # (request body, the param the error names, words in its message)
     (dict(prompt="hi", temperature=-1), "temperature", "temperature must be >= 0"),
     (dict(prompt="hi", top_p=2), "top_p", "top_p must be in (0, 1]"),
