@@ -168,6 +168,9 @@ class AsyncLLMEngine:
         if not self.running:
             raise EngineStoppedError("the engine is not running (shutting down or stopped)")
         params = self.engine.check_params(params)
+        if params.n > self.capacity:
+            raise ValueError(f"n={params.n} samples are more than this engine holds at once ({self.capacity}: "
+                             "max_num_seqs + max_queue); ask for fewer")
         if self._in_flight + params.n > self.capacity:
             raise QueueFullError(
                 f"the engine is full: {self._in_flight} sequences in flight, at most {self.capacity} "

@@ -146,6 +146,9 @@ class OpenAIServer:
 
     async def answer(self, request: Request, body, builder: Completions, prompts: list, chat) -> Response:
         params = body.to_params(self.max_model_len)
+        if params.n > self.engine.capacity:  # could never run: not a 503 to retry
+            raise RequestError(f"n={params.n} is more than this server runs and queues at once "
+                               f"({self.engine.capacity}); ask for fewer samples", "n")
         streams = await self.add(prompts, params, chat)
         if body.stream:
             events = self.events(streams, builder, params.n, body.include_usage())

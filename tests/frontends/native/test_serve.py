@@ -201,6 +201,7 @@ BAD = [  # (request body, the param the error names, words in its message)
     (dict(prompt="hi", temperature=-1), "temperature", "temperature must be >= 0"),
     (dict(prompt="hi", top_p=2), "top_p", "top_p must be in (0, 1]"),
     (dict(prompt="hi", n=0), "n", "n must be an int >= 1"),
+    (dict(prompt="hi", n=41), "n", "n=41 is more than this server runs and queues at once (40)"),
     (dict(prompt="hi", max_tokens="many"), "max_tokens", "valid integer"),
     (dict(prompt="hi", model="gpt-5"), "model", "the model `gpt-5` does not exist"),
     (dict(prompt="x" * 5000), "prompt", "the prompt has 5001 tokens but max_model_len=4096"),
