@@ -44,7 +44,7 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     session.install(CPU_TORCH)
-    session.install("-e", ".[test]")
+    session.install("-e", ".[test,serve]")
     pytest(session, *CPU_TESTS)
     discard_venv_in_ci(session)
 
@@ -53,7 +53,7 @@ def tests(session: nox.Session) -> None:
 def tests_min_transformers(session: nox.Session) -> None:
     """The `tests` session's tests with the lowest transformers pyproject.toml allows."""
     session.install(CPU_TORCH)
-    session.install("-e", ".[test]", MIN_TRANSFORMERS)
+    session.install("-e", ".[test,serve]", MIN_TRANSFORMERS)
     session.run("python", "-c", "import transformers; print('transformers', transformers.__version__)")
     pytest(session, *CPU_TESTS)
     discard_venv_in_ci(session)

@@ -1,4 +1,5 @@
-"""`atom-core` command line: `generate` with the native engine, `info` about this installation."""
+"""`atom-core` command line: `generate` with the native engine, `serve` it over HTTP (OpenAI's API), `info`
+about this installation."""
 
 from __future__ import annotations
 
@@ -61,6 +62,50 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from atom_frontends.native.serve.server import run
+
+    return run(args)
+
+
+def _non_negative_int(text: str) -> int:
+    if not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 0")
+    return int(text)
+
+
+def _add_engine_args(p: argparse.ArgumentParser, seed: int | None, seed_help: str) -> None:
+    """Engine options `generate` and `serve` share."""
+    p.add_argument("--seed", type=int, default=seed, help=f"sampling seed of the engine: {seed_help}")
+    p.add_argument("--dtype", type=_dtype, default="auto", help="auto (the checkpoint's), bfloat16, float16, float32")
+    p.add_argument("--max-model-len", type=_positive_int, default=None,
+                   help="longest sequence, prompt + output (default: the checkpoint's, lowered to what the KV "
+                        "cache holds)")
+    p.add_argument("--kv-cache-memory", type=_bytes, default=None, metavar="SIZE",
+                   help="KV cache size: bytes or e.g. 4GiB, 512MiB (default: 85%% of free GPU memory; on CPU "
+                        "50%% of available memory, at most 4 GiB)")
+    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+
+
+def _add_serve_parser(sub) -> None:
+    srv = sub.add_parser("serve", help="serve a model over HTTP with OpenAI's API (needs atom-core[serve])")
+    srv.add_argument("--model", required=True, help="local HF checkpoint directory")
+    srv.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    srv.add_argument("--port", type=int, default=8000)
+    srv.add_argument("--served-model-name", nargs="+", default=None,
+                     help="name(s) clients give as `model` (default: the --model argument)")
+    srv.add_argument("--max-num-seqs", type=_positive_int, default=64, help="sequences the engine runs at once")
+    srv.add_argument("--max-queue", type=_non_negative_int, default=256,
+                     help="sequences that may wait beyond --max-num-seqs; past that requests get HTTP 503")
+    srv.add_argument("--shutdown-timeout", type=float, default=10.0,
+                     help="seconds responses in progress may take to finish on SIGTERM before they are aborted")
+    srv.add_argument("--uvicorn-log-level", default="info",
+                     choices=["critical", "error", "warning", "info", "debug", "trace"])
+    srv.add_argument("--disable-uvicorn-access-log", action="store_true")
+    _add_engine_args(srv, 0, "0 (default) as vLLM; a request's own `seed` makes its samples repeatable")
+    srv.set_defaults(func=_serve)
+
+
 def _info(args: argparse.Namespace) -> int:
     import torch
 
@@ -100,17 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--temperature", type=float, default=0.0, help="0 (default) = greedy")
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--top-k", type=int, default=-1)
-    gen.add_argument("--seed", type=int, default=None,
-                     help="sampling seed: the same seed gives the same output (default: a new seed each run)")
-    gen.add_argument("--dtype", type=_dtype, default="auto", help="auto (the checkpoint's), bfloat16, float16, float32")
-    gen.add_argument("--max-model-len", type=_positive_int, default=None,
-                     help="longest sequence, prompt + output (default: the checkpoint's, lowered to what the KV "
-                          "cache holds)")
-    gen.add_argument("--kv-cache-memory", type=_bytes, default=None, metavar="SIZE",
-                     help="KV cache size: bytes or e.g. 4GiB, 512MiB (default: 85%% of free GPU memory; on CPU "
-                          "50%% of available memory, at most 4 GiB)")
-    gen.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    _add_engine_args(gen, None, "the same seed gives the same output (default: a new seed each run)")
     gen.set_defaults(func=_generate)
+    _add_serve_parser(sub)
     info = sub.add_parser("info", help="host, platform, frontends, kernel backends, versions")
     info.set_defaults(func=_info)
     return parser
@@ -124,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(name).setLevel(logging.INFO)
     try:
         return args.func(args)
-    except (ValueError, TypeError, FileNotFoundError) as e:
+    except (ValueError, TypeError, FileNotFoundError, ModuleNotFoundError) as e:
         print(f"atom-core: error: {e}", file=sys.stderr)
         return 2
 

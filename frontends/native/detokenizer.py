@@ -12,8 +12,10 @@ REPLACEMENT = "\ufffd"
 
 
 class Detokenizer:
-    def __init__(self, tokenizer, stop: list[str], include_stop_str_in_output: bool) -> None:
+    def __init__(self, tokenizer, stop: list[str], include_stop_str_in_output: bool, incremental: bool = False) -> None:
+        """incremental: decode as tokens come even with no stop strings (streaming shows the text so far)."""
         self.tokenizer, self.stop, self.include_stop = tokenizer, stop, include_stop_str_in_output
+        self.incremental = incremental or bool(stop)
         self.ids: list[int] = []
         self.text = ""
         self.prefix_offset = self.read_offset = 0
@@ -25,7 +27,7 @@ class Detokenizer:
         """Append one token; return the stop string it completed (the text is then cut there), else None.
         check_stop=False (within min_tokens, as vLLM): the text this token adds is not searched."""
         self.ids.append(token_id)
-        if not self.stop:  # nothing to watch for: finish() decodes the whole output once
+        if not self.incremental:  # nothing to watch for or show: finish() decodes the whole output once
             return None
         before = len(self.text)
         prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])

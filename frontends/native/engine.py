@@ -147,9 +147,10 @@ class LLMEngine:
         return self.enqueue(*self.check_prompt(prompt), params, request_id)
 
     def enqueue(self, text: str | None, ids: list[int], params: SamplingParams,
-                request_id: str | None = None) -> str:
+                request_id: str | None = None, stream: bool = False) -> str:
         """Queue a request whose prompt and params came out of check_prompt / check_params: its n samples
-        as n sequences; samples 1.. wait for sample 0's prefill and then share its prompt blocks."""
+        as n sequences; samples 1.. wait for sample 0's prefill and then share its prompt blocks.
+        stream=True: its text is decoded as tokens come, so current_output() shows it before the end."""
         rid = request_id
         while rid is None or (request_id is None and rid in self._groups):  # auto ids skip the ids users gave
             rid = str(next(self._ids))
@@ -162,7 +163,8 @@ class LLMEngine:
             if params.seed is not None:  # per-sample streams, as vLLM: sample i uses seed + i
                 req.generator = torch.Generator(device=self.platform.device).manual_seed(params.seed + i)
             if self.tokenizer is not None:
-                req.detokenizer = Detokenizer(self.tokenizer, params.stop, params.include_stop_str_in_output)
+                req.detokenizer = Detokenizer(self.tokenizer, params.stop, params.include_stop_str_in_output,
+                                              incremental=stream)
             if params.logprobs is not None:
                 req.logprobs = []
             samples.append(req)
@@ -234,13 +236,24 @@ class LLMEngine:
             out.append({t: Logprob(lp, r, w) for t, lp, r, w in zip(ids, lps, ranks, words)})
         return out
 
-    def _output(self, group: list[Request]) -> RequestOutput:
+    def current_output(self, request_id: str) -> RequestOutput | None:
+        """A live request's output so far (finished=False; a sample that ended has its finish_reason), for
+        streaming; None when no live request has that id."""
+        group = self._groups.get(request_id)
+        return None if group is None else self._output(group, finished=False)
+
+    def _output(self, group: list[Request], finished: bool = True) -> RequestOutput:
+        """The group's RequestOutput; finished=True also forgets the group (its id may then be reused)."""
         head = group[0]
-        del self._groups[head.request_id]
+        if finished:
+            del self._groups[head.request_id]
+        # copies of the lists, as a live request's keep growing
         outs = [CompletionOutput(r.index, r.detokenizer.text if r.detokenizer is not None else "",
-                                 list(r.output_token_ids), _cumulative(r.logprobs, r.output_token_ids), r.logprobs,
-                                 r.finish_reason, r.stop_reason) for r in group]
-        return RequestOutput(head.request_id, head.prompt, head.prompt_token_ids, head.prompt_logprobs, outs, True,
+                                 list(r.output_token_ids), _cumulative(r.logprobs, r.output_token_ids),
+                                 None if r.logprobs is None else list(r.logprobs), r.finish_reason, r.stop_reason)
+                for r in group]
+        prompt_logprobs = None if head.prompt_logprobs is None else list(head.prompt_logprobs)
+        return RequestOutput(head.request_id, head.prompt, head.prompt_token_ids, prompt_logprobs, outs, finished,
                              max(head.num_cached_tokens, 0))
 
     def abort(self, request_id: str) -> bool:

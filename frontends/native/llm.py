@@ -32,9 +32,9 @@ def _prompt_list(prompts) -> list:
     return list(prompts)
 
 
-def _render_chat(tokenizer, conversation, chat_template: str | None, add_generation_prompt: bool,
+def render_chat(tokenizer, conversation, chat_template: str | None, add_generation_prompt: bool,
                  kwargs: dict) -> tuple[str, list[int]]:
-    """(rendered text, its token ids) of one conversation."""
+    """(rendered text, its token ids) of one conversation (LLM.chat and the server's chat endpoint)."""
     if not (isinstance(conversation, list) and conversation
             and all(isinstance(m, dict) and "role" in m and "content" in m for m in conversation)):
         raise TypeError("a conversation must be a non-empty list of {'role': ..., 'content': ...} dicts, got "
@@ -91,7 +91,7 @@ class LLM:
                              "use generate() with token ids")
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         params = _checked_params(engine, sampling_params, len(conversations))
-        rendered = [_labelled(f"conversation {i}", _render_chat, engine.tokenizer, conv, chat_template,
+        rendered = [_labelled(f"conversation {i}", render_chat, engine.tokenizer, conv, chat_template,
                               add_generation_prompt, chat_template_kwargs or {})
                     for i, conv in enumerate(conversations)]
         for i, (_, ids) in enumerate(rendered):
