@@ -24,19 +24,6 @@ from atom_core.platform import Platform
 from atom_core.plugins import current_platform
 
 
-@torch.library.custom_op("atom::moe_experts", mutates_args=())
-def moe_experts(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-                topk_ids: torch.Tensor) -> torch.Tensor:
-    """atom_kernels.fused_moe as an opaque op: hosts compile the decoder with dynamo (vLLM: fullgraph), which
-    cannot trace the torch reference's data-dependent grouping (per-expert counts read on the host)."""
-    return atom_kernels.fused_moe(hidden, w13, w2, topk_weights, topk_ids)
-
-
-@moe_experts.register_fake
-def _(hidden, w13, w2, topk_weights, topk_ids) -> torch.Tensor:
-    return torch.empty_like(hidden)
-
-
 def _require_shape(loaded: torch.Tensor, expected: tuple[int, ...], name: str) -> None:
     if tuple(loaded.shape) != expected:
         raise ValueError(f"weight shape mismatch for {name}: checkpoint {tuple(loaded.shape)}, model expects "
@@ -88,7 +75,7 @@ class FusedExperts(nn.Module):
             param.data[expert, offset:offset + local].copy_(loaded.narrow(0, rank * local, local))
 
     def forward(self, hidden: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
-        out = moe_experts(hidden, self.gate_up_proj, self.down_proj, topk_weights, topk_ids)
+        out = atom_kernels.fused_moe(hidden, self.gate_up_proj, self.down_proj, topk_weights, topk_ids)
         return self.platform.all_reduce(out) if self.tp_size > 1 else out
 
 

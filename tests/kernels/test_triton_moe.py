@@ -74,8 +74,8 @@ def check_moe(t, k, e, h, i, dtype, device, seed=0, routing=None, config=None) -
 def one_expert_routing(t, k, e, hot, seed):
     """Every token picks expert `hot` (column 0) plus k - 1 distinct others."""
     g = torch.Generator().manual_seed(seed)
-    others = [torch.tensor([x for x in torch.randperm(e, generator=g).tolist() if x != hot][: k - 1])
-              for _ in range(t)]
+    others = [torch.tensor([x for x in torch.randperm(e, generator=g).tolist() if x != hot][: k - 1], dtype=torch.long)
+              for _ in range(t)]  # (an empty tensor would be float: k = 1)
     return torch.stack([torch.cat([torch.tensor([hot]), o]) for o in others])
 
 
