@@ -12,7 +12,11 @@ The native engine runs twice: as configured by default, and with ATOM_FUSED_QK_N
 EOS ignored (the common offline workload); output tokens/s over the whole run, and the decode
 roofline of the same work (set ATOM_FUSED_QK_NORM_ROPE=1 in the environment for the fused op).
 
-    python benchmarks/native_gpu.py [--throughput] [--checkpoint DIR]
+--shape qwen3-30b-a3b-4l: a Qwen3-30B-A3B-shaped MoE checkpoint cut to 4 layers (hidden 2048, 128 experts,
+top-8, expert intermediate 768; ~2.5 B parameters) instead; its roofline counts the expected number of distinct
+experts a decode step touches (E * (1 - (1 - k/E)^batch) per MoE layer), not all of them.
+
+    python benchmarks/native_gpu.py [--throughput] [--checkpoint DIR] [--shape NAME]
 """
 
 from __future__ import annotations
@@ -30,19 +34,26 @@ import torch
 QWEN3_06B = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
                  num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True,
                  max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6)
+QWEN3_30B_A3B_4L = dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+                        num_experts=128, num_experts_per_tok=8, norm_topk_prob=True, mlp_only_layers=[],
+                        decoder_sparse_step=1, num_hidden_layers=4, num_attention_heads=32, num_key_value_heads=4,
+                        head_dim=128, tie_word_embeddings=False, max_position_embeddings=40960,
+                        rope_theta=1000000.0, rms_norm_eps=1e-6)
+SHAPES = {"qwen3-0.6b": ("Qwen3ForCausalLM", QWEN3_06B), "qwen3-30b-a3b-4l": ("Qwen3MoeForCausalLM", QWEN3_30B_A3B_4L)}
 PROMPT, NEW, PARITY_TOKENS = 128, 128, 16
 MAX_MODEL_LEN = 2048  # covers the throughput workload; also the graphs' static max_seq_len hint
 DEVICE = "cuda"
 
 
-def checkpoint(path: str | None) -> str:
+def checkpoint(path: str | None, shape: str = "qwen3-0.6b") -> str:
     """Build (once) the random-weight checkpoint; reused from the temp dir by later runs."""
     from atom_frontends.native.demo import build_checkpoint
 
-    p = Path(path or Path(tempfile.gettempdir()) / "atom-core-qwen3-0.6b-random")
+    p = Path(path or Path(tempfile.gettempdir()) / f"atom-core-{shape}-random")
     if not (p / "config.json").is_file():
         t = time.perf_counter()
-        build_checkpoint(p, "Qwen3ForCausalLM", seed=0, tokenizer=False, **QWEN3_06B)
+        arch, cfg = SHAPES[shape]
+        build_checkpoint(p, arch, seed=0, tokenizer=False, **cfg)
         print(f"built checkpoint {p} in {time.perf_counter() - t:.0f} s")
     return str(p)
 
@@ -202,6 +213,15 @@ def latency(path: str) -> None:
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, local_files_only=True).to(DEVICE).eval()
     cfg = hf.config
     weight_bytes = sum(p.numel() * p.element_size() for p in hf.parameters())  # tied: counted once
+    expert_bytes = sum(p.numel() * p.element_size() for n, p in hf.named_parameters() if ".experts." in n)
+    num_experts, top_k = getattr(cfg, "num_experts", 0), getattr(cfg, "num_experts_per_tok", 0)
+
+    def bytes_read(batch: int) -> float:
+        """Weights one decode step reads: all dense weights, and the experts `batch` tokens are expected to touch."""
+        if not expert_bytes:
+            return weight_bytes
+        touched = 1 - (1 - top_k / num_experts) ** batch
+        return weight_bytes - expert_bytes * (1 - touched)
     kv_per_token = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * 2
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s; weights {weight_bytes / 1e9:.3f} GB; KV {kv_per_token} B/token")
     batches = {b: prompts_for(b, seed=b, vocab=cfg.vocab_size) for b in (1, 32)}
@@ -212,7 +232,7 @@ def latency(path: str) -> None:
         assert llm.engine.runner.graphs is not None, "CUDA graphs are off"
         for b, prompts in batches.items():
             tps, graph_ms, tokens = native_decode(llm, prompts)
-            roof = b * bw / (weight_bytes + b * (PROMPT + NEW / 2) * kv_per_token)
+            roof = b * bw / (bytes_read(b) + b * (PROMPT + NEW / 2) * kv_per_token)
             rows.append((b, name, tps, b / tps * 1e3, graph_ms, tps / roof, tps / hf_runs[b][0]))
             parity.append((f"{name}, batch {b}", prompts, hf_runs[b][1], tokens))
         del llm
@@ -280,11 +300,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--throughput", action="store_true", help="the 256-request offline workload")
     ap.add_argument("--checkpoint", help="where the random checkpoint is (built there if missing)")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-0.6b")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
-    path = checkpoint(args.checkpoint)
+    path = checkpoint(args.checkpoint, args.shape)
     print(f"{datetime.date.today()} {torch.cuda.get_device_name()} torch {torch.__version__}; "
-          "Qwen3-0.6B-shaped random checkpoint, bf16")
+          f"{args.shape}-shaped random checkpoint, bf16")
     (throughput if args.throughput else latency)(path)
 
 

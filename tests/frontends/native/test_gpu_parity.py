@@ -22,6 +22,10 @@ CASES = {
     "qwen3-tiny": ("Qwen3ForCausalLM", {}),
     "qwen3-hd128": ("Qwen3ForCausalLM", HD128),
     "llama-untied": ("LlamaForCausalLM", {}),
+    # MoE through the Triton fused_moe (tokens grouped by expert on the GPU, captured in the decode graphs)
+    "qwen3-moe-top2-dense0": ("Qwen3MoeForCausalLM", {}),
+    "qwen3-moe-top4-of-16": ("Qwen3MoeForCausalLM", dict(num_experts=16, num_experts_per_tok=4, head_dim=128,
+                                                         norm_topk_prob=False, mlp_only_layers=[])),
 }
 MARGIN_FACTOR = 4.0  # a bf16 divergence is explained when the fp32 margin <= 4x the bf16 logit error
 
@@ -87,10 +91,11 @@ def test_fp32_fused_qk_norm_rope_matches_hf(checkpoint_factory, monkeypatch, enf
 
 
 @pytest.mark.parametrize("enforce_eager", [False, True], ids=["graphs", "eager"])
-def test_fp32_batching_chunking_preemption_match_hf(checkpoint_factory, enforce_eager):
+@pytest.mark.parametrize("arch", ["Qwen3ForCausalLM", "Qwen3MoeForCausalLM"])
+def test_fp32_batching_chunking_preemption_match_hf(checkpoint_factory, arch, enforce_eager):
     """Few sequence slots, a small token budget and a small cache: padded graph sizes, steps mixing
     decodes with prefill chunks, and preemption by recompute."""
-    path = checkpoint_factory("Qwen3ForCausalLM", **HD128)
+    path = checkpoint_factory(arch, **HD128)
     prompts = random_prompts([60, 45, 30, 52, 20, 7, 33], seed=12)
     llm = native(path, "float32", enforce_eager, block_size=4, num_kv_blocks=48, max_num_seqs=3,
                  max_num_batched_tokens=24, max_model_len=128, enable_prefix_caching=False)
