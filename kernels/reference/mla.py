@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from atom_kernels.reference.attention import _attend, _dequant, plan
+from atom_kernels.reference.attention import _attend, _dequant, cached_plan
 
 
 def write_latent_cache(latent: torch.Tensor, cache: torch.Tensor, slot_mapping: torch.Tensor,
@@ -58,12 +58,8 @@ def mla_attention(
                          f"kv_lora_rank {kv_lora_rank}: both rows must be kv_lora_rank + qk_rope_head_dim wide")
     if out is None:
         out = query.new_empty(t, heads, kv_lora_rank)
-    key = ("reference.mla_attention", cache.shape[1])
-    gathers = None if plan_cache is None else plan_cache.get(key)
-    if gathers is None:
-        gathers = plan(block_tables, seq_lens, query_start_loc, cache.shape[1], None)
-        if plan_cache is not None:
-            plan_cache[key] = gathers
+    gathers = cached_plan(plan_cache, "reference.mla_attention", block_tables, seq_lens, query_start_loc,
+                          cache.shape[1], None)
     for g in gathers:
         rows = _dequant(cache[g.blocks, g.offsets], cache_scale).unsqueeze(-2)  # [..., seq, 1, r + rope]
         q = query[g.rows]
