@@ -32,6 +32,21 @@ def paged_attention(
     return fn(*args, **kwargs)
 
 
+def write_latent_cache(latent, cache, slot_mapping, scale=None) -> None:
+    """Store MLA latent rows [T, r + rope] into a paged latent cache [blocks, block_size, r + rope] at
+    slot_mapping (-1 = padding); `scale`: the per-tensor scale of an fp8 cache."""
+    dispatch.get("write_latent_cache", latent.device)(latent, cache, slot_mapping, scale)
+
+
+def mla_attention(query, cache, block_tables, seq_lens, query_start_loc, scale, kv_lora_rank,
+                  cache_scale=None, out=None, plan_cache=None) -> torch.Tensor:
+    """Absorbed MLA over a paged latent cache: query [T, heads, r + rope] → [T, heads, r]; see
+    atom_kernels.reference.mla for the contract."""
+    fn = dispatch.get("mla_attention", query.device)
+    return fn(query, cache, block_tables, seq_lens, query_start_loc, scale, kv_lora_rank, cache_scale, out,
+              plan_cache)
+
+
 def fused_qk_norm_rope_write_kv(
     positions, query, key, value, q_weight, k_weight, eps, cos_sin_cache,
     k_cache, v_cache, slot_mapping, k_scale=None, v_scale=None,
@@ -82,5 +97,5 @@ def fused_moe(hidden, w13, w2, topk_weights, topk_ids):
 
 __all__ = [
     "dispatch", "write_kv_cache", "paged_attention", "fused_qk_norm_rope_write_kv", "rms_norm", "rotary",
-    "silu_and_mul", "fused_moe",
+    "silu_and_mul", "fused_moe", "write_latent_cache", "mla_attention",
 ]

@@ -24,7 +24,7 @@ import torch
 
 OPS = (
     "write_kv_cache", "paged_attention", "fused_qk_norm_rope_write_kv", "rms_norm", "rotary", "silu_and_mul",
-    "fused_moe",
+    "fused_moe", "write_latent_cache", "mla_attention",
 )
 BACKENDS = ("triton", "torch")
 # Pure tensor maths with no host sync and no data-dependent shape: traced as the reference under a compiler.

@@ -42,20 +42,35 @@ def fused_rotary_identity(positions, query, key, value, q_weight, k_weight, eps,
     return rms_norm(query, q_weight, eps)
 
 
+def mla_attention_zeros(query, cache, block_tables, seq_lens, query_start_loc, scale, kv_lora_rank, cache_scale=None,
+                        out=None, plan_cache=None) -> torch.Tensor:
+    """mla_attention that attends to nothing."""
+    if out is None:
+        return query.new_zeros(*query.shape[:2], kv_lora_rank)
+    return out.zero_()
+
+
+def latent_write_nothing(*args, **kwargs) -> None:
+    """write_latent_cache that stores nothing."""
+
+
 def experts_zeros(hidden, *args) -> torch.Tensor:
     """fused_moe whose experts contribute nothing."""
     return torch.zeros_like(hidden)
 
 
 # break name → [(op, replacement)]: the plain path and the fused Qwen3 prologue broken alike. BREAKS hold the
-# ops every model runs (test_canary.py breaks each under every scenario); MOE_BREAKS those only MoE models run.
+# ops every full-attention model runs (test_canary.py breaks each under every scenario); MOE_BREAKS those only
+# MoE models run, MLA_BREAKS those only MLA (DeepSeek) models run.
 BREAKS = {
     "attention": [("paged_attention", attention_zeros)],
     "kv_write": [("write_kv_cache", kv_write_nothing), ("fused_qk_norm_rope_write_kv", fused_write_nothing)],
     "rotary": [("rotary", rotary_identity), ("fused_qk_norm_rope_write_kv", fused_rotary_identity)],
 }
 MOE_BREAKS = {"fused_moe": [("fused_moe", experts_zeros)]}
-ALL_BREAKS = {**BREAKS, **MOE_BREAKS}
+MLA_BREAKS = {"mla_attention": [("mla_attention", mla_attention_zeros)],
+              "latent_write": [("write_latent_cache", latent_write_nothing)]}
+ALL_BREAKS = {**BREAKS, **MOE_BREAKS, **MLA_BREAKS}
 
 
 @contextlib.contextmanager

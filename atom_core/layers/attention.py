@@ -33,6 +33,11 @@ class AttentionSpec:
     def uses_sliding_window(self) -> bool:
         return self.sliding_window is not None and self.sliding_window > 0
 
+    @property
+    def is_mla(self) -> bool:
+        """A latent-cache (MLA) layer: one KV "head" of head_dim = kv_lora_rank + qk_rope_head_dim per token."""
+        return self.kv_lora_rank is not None
+
 
 class Attention:
     """Factory: returns an instance of the host's attention layer class for this spec."""
@@ -45,10 +50,19 @@ class Attention:
             raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
         if not prefix:
             raise ValueError("Attention needs its layer prefix (e.g. 'model.layers.0.self_attn.attn')")
+        if kv_lora_rank is not None:
+            _check_mla(head_dim, num_kv_heads, kv_lora_rank, qk_rope_head_dim)
         spec = AttentionSpec(num_heads, head_dim, scale, num_kv_heads, prefix,
                              sliding_window if sliding_window and sliding_window > 0 else None,
                              kv_cache_dtype, kv_lora_rank, qk_rope_head_dim)
         return attention_impl(spec)(spec)
+
+
+def _check_mla(head_dim: int, num_kv_heads: int, kv_lora_rank: int, qk_rope_head_dim: int | None) -> None:
+    if qk_rope_head_dim is None or head_dim != kv_lora_rank + qk_rope_head_dim or num_kv_heads != 1:
+        raise ValueError(f"an MLA Attention (kv_lora_rank={kv_lora_rank}) needs qk_rope_head_dim, num_kv_heads=1 and "
+                         f"head_dim = kv_lora_rank + qk_rope_head_dim (got head_dim={head_dim}, "
+                         f"qk_rope_head_dim={qk_rope_head_dim}, num_kv_heads={num_kv_heads})")
 
 
 def attention_forward(
@@ -82,3 +96,24 @@ def attention_forward(
         num_decodes=md.num_decodes, num_prefills=md.num_prefills, plan_cache=md.scratch,
     )
     return o.reshape(t, spec.num_heads * spec.head_dim)
+
+
+def mla_forward(
+    spec: AttentionSpec,
+    query: torch.Tensor,
+    latent: torch.Tensor | None,
+    cache: torch.Tensor,
+    md: AttentionMetadata,
+    cache_scale: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """MLA in the absorbed form: write this step's latent rows (unless latent is None), then attend.
+
+    query [T, heads, r + rope] (W_UK folded in, rope dims rotated); latent [T, r + rope] (normalised KV latent,
+    then the rotated shared rope key); cache: a view of logical shape [num_blocks, block_size, r + rope].
+    Returns [T, heads, r]: attention over the latents (the caller applies W_UV).
+    """
+    if latent is not None:
+        atom_kernels.write_latent_cache(latent, cache, md.slot_mapping, cache_scale)
+    return atom_kernels.mla_attention(query, cache, md.block_tables, md.seq_lens, md.query_start_loc, spec.scale,
+                                      spec.kv_lora_rank, cache_scale, out, md.scratch)

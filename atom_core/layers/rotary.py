@@ -64,17 +64,19 @@ def _llama3(inv_freq: torch.Tensor, p: dict[str, Any]) -> torch.Tensor:
     return torch.where(medium, smoothed, scaled)
 
 
+def yarn_mscale(scale: float, m: float = 1.0) -> float:
+    """Yarn's magnitude correction for a context extended `scale` times (DeepSeek's yarn_get_mscale)."""
+    return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+
 def _yarn(base: float, dim: int, p: dict[str, Any], max_pos: int) -> tuple[torch.Tensor, float]:
     factor = p.get("factor") or max_pos / p["original_max_position_embeddings"]
     orig = p["original_max_position_embeddings"]
 
-    def mscale(scale: float, m: float = 1.0) -> float:
-        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
-
     attn = p.get("attention_factor")
     if attn is None:
         m, m_all = p.get("mscale"), p.get("mscale_all_dim")
-        attn = float(mscale(factor, m) / mscale(factor, m_all)) if m and m_all else mscale(factor)
+        attn = float(yarn_mscale(factor, m) / yarn_mscale(factor, m_all)) if m and m_all else yarn_mscale(factor)
     beta_fast, beta_slow = p.get("beta_fast") or 32, p.get("beta_slow") or 1
 
     def correction_dim(rotations: float) -> float:

@@ -57,6 +57,11 @@ def _warn_fused_unsupported(layer_class: str) -> None:
 
 
 class LlamaAttention(nn.Module):
+    @staticmethod
+    def rope_dim(cfg) -> int:
+        """The width the model's one rotary table covers (a head; MLA: its rope part)."""
+        return _head_dim(cfg)
+
     def __init__(self, config: AtomConfig, layer_idx: int, prefix: str, qk_norm: bool,
                  rotary_emb: RotaryEmbedding) -> None:
         super().__init__()
@@ -114,10 +119,10 @@ class LlamaMLP(nn.Module):
 
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, config: AtomConfig, layer_idx: int, prefix: str, qk_norm: bool,
-                 rotary_emb: RotaryEmbedding, mlp: nn.Module) -> None:
+                 rotary_emb: RotaryEmbedding, mlp: nn.Module, attention_cls: type[nn.Module] = LlamaAttention) -> None:
         super().__init__()
         cfg = config.hf_config
-        self.self_attn = LlamaAttention(config, layer_idx, f"{prefix}.self_attn", qk_norm, rotary_emb)
+        self.self_attn = attention_cls(config, layer_idx, f"{prefix}.self_attn", qk_norm, rotary_emb)
         self.mlp = mlp
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -137,17 +142,20 @@ def dense_mlp(config: AtomConfig, layer_idx: int) -> nn.Module:
 
 
 class LlamaModel(nn.Module):
-    """`build_mlp(config, layer_idx)` makes each layer's MLP (MoE models put their expert layers there)."""
+    """`build_mlp(config, layer_idx)` makes each layer's MLP (MoE models put their expert layers there);
+    `attention_cls` each layer's attention (DeepSeek: MLA)."""
 
     def __init__(self, config: AtomConfig, prefix: str = "model", qk_norm: bool = False,
-                 build_mlp: Callable[[AtomConfig, int], nn.Module] = dense_mlp) -> None:
+                 build_mlp: Callable[[AtomConfig, int], nn.Module] = dense_mlp,
+                 attention_cls: type[nn.Module] = LlamaAttention) -> None:
         super().__init__()
         cfg = config.hf_config
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
         # One cos|sin table [max_model_len, rotary_dim] for all layers (a table per layer cost GiBs).
-        self.rotary_emb = get_rope(cfg, _head_dim(cfg), config.max_model_len)
+        self.rotary_emb = get_rope(cfg, attention_cls.rope_dim(cfg), config.max_model_len)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, i, f"{prefix}.layers.{i}", qk_norm, self.rotary_emb, build_mlp(config, i))
+            LlamaDecoderLayer(config, i, f"{prefix}.layers.{i}", qk_norm, self.rotary_emb, build_mlp(config, i),
+                              attention_cls)
             for i in range(cfg.num_hidden_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -164,6 +172,7 @@ class LlamaModel(nn.Module):
 class LlamaForCausalLM(nn.Module):
     qk_norm = False
     build_mlp = staticmethod(dense_mlp)
+    attention_cls: type[nn.Module] = LlamaAttention
     # checkpoint name fragment → (our packed parameter, shard id)
     packed_modules_mapping = {
         "q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
@@ -175,7 +184,7 @@ class LlamaForCausalLM(nn.Module):
         cfg = config.hf_config
         self.config = config
         model_prefix = f"{prefix}.model" if prefix else "model"
-        self.model = LlamaModel(config, model_prefix, self.qk_norm, self.build_mlp)
+        self.model = LlamaModel(config, model_prefix, self.qk_norm, self.build_mlp, self.attention_cls)
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size)
         self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
         if self.tie_word_embeddings:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib
 
 _MODELS: dict[str, str] = {
+    "DeepseekV2ForCausalLM": "atom_core.models.deepseek:DeepseekV2ForCausalLM",
+    "DeepseekV3ForCausalLM": "atom_core.models.deepseek:DeepseekV3ForCausalLM",
     "LlamaForCausalLM": "atom_core.models.llama:LlamaForCausalLM",
     "Qwen3ForCausalLM": "atom_core.models.qwen3:Qwen3ForCausalLM",
     "Qwen3MoeForCausalLM": "atom_core.models.qwen3_moe:Qwen3MoeForCausalLM",

@@ -1,4 +1,8 @@
-"""The native host's attention layer: our own paged KV cache, bound by the model runner."""
+"""The native host's attention layers: our own paged KV cache, bound by the model runner.
+
+Each layer says the shape of its cache (`cache_shape`), so the runner sizes and allocates caches per spec:
+full attention holds K and V per KV head, an MLA layer one latent row per token.
+"""
 
 from __future__ import annotations
 
@@ -6,23 +10,37 @@ import torch
 from torch import nn
 
 from atom_core.forward_context import get_forward_context
-from atom_core.layers.attention import AttentionSpec, attention_forward
+from atom_core.layers.attention import AttentionSpec, attention_forward, mla_forward
 
 
-class NativeAttention(nn.Module):
+class NativeCacheLayer(nn.Module):
+    """What the runner needs of an attention layer: its cache shape, the cache and fp8 scales it binds."""
+
+    # Ops this layer runs whose torch reference syncs with the host (not capturable in a CUDA graph).
+    syncing_ops: tuple[str, ...] = ()
+
     def __init__(self, spec: AttentionSpec) -> None:
         super().__init__()
         self.spec = spec
         self.layer_name = spec.prefix
-        # [2, num_blocks, block_size, kv_heads, head_dim], bound by ModelRunner.allocate_kv_cache
-        self.kv_cache = torch.tensor([])
+        self.kv_cache = torch.tensor([])  # bound by ModelRunner.allocate_kv_cache, of cache_shape(...)
         self.k_scale: torch.Tensor | None = None
         self.v_scale: torch.Tensor | None = None
+
+    def cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
+        raise NotImplementedError
 
     def _step_metadata(self):
         """This step's metadata, or None when there is no cache to touch (profiling / warm-up)."""
         md = get_forward_context().metadata_for(self.layer_name)
         return None if md is None or self.kv_cache.numel() == 0 else md
+
+
+class NativeAttention(NativeCacheLayer):
+    syncing_ops = ("write_kv_cache", "paged_attention", "fused_qk_norm_rope_write_kv")
+
+    def cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
+        return (2, num_blocks, block_size, self.spec.num_kv_heads, self.spec.head_dim)  # K, V
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
         """query [T, heads*d], key/value [T, kv_heads*d] → [T, heads*d]"""
@@ -39,3 +57,20 @@ class NativeAttention(nn.Module):
         if md is None:
             return None
         return self.kv_cache[0], self.kv_cache[1], md.slot_mapping, self.k_scale, self.v_scale
+
+
+class NativeMLAAttention(NativeCacheLayer):
+    """MLA over a latent cache [num_blocks, block_size, kv_lora_rank + qk_rope_head_dim]; an fp8 cache uses
+    k_scale as its one per-tensor scale."""
+
+    syncing_ops = ("write_latent_cache", "mla_attention")
+
+    def cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
+        return (num_blocks, block_size, self.spec.head_dim)
+
+    def forward(self, query: torch.Tensor, latent: torch.Tensor) -> torch.Tensor:
+        """query [T, heads, r + rope], latent [T, r + rope] → [T, heads, r] (see mla_forward)."""
+        md = self._step_metadata()
+        if md is None:
+            return query.new_zeros(*query.shape[:2], self.spec.kv_lora_rank)
+        return mla_forward(self.spec, query, latent, self.kv_cache, md, self.k_scale)

@@ -20,9 +20,6 @@ from atom_kernels import dispatch
 
 log = logging.getLogger(__name__)
 
-# Ops whose torch reference syncs with the host (.tolist(), boolean-mask indexing): not capturable.
-SYNCING_REFERENCES = ("write_kv_cache", "paged_attention", "fused_qk_norm_rope_write_kv")
-
 
 def batch_size_ladder(max_size: int) -> list[int]:
     """1, 2, 4, 8, 16, 24, 32, ... (steps of 8), max_size."""
@@ -30,14 +27,14 @@ def batch_size_ladder(max_size: int) -> list[int]:
     return sorted(sizes)
 
 
-def why_not_capturable(device: torch.device, enforce_eager: bool) -> str | None:
-    """None when decode steps can run as CUDA graphs, else the reason they cannot."""
+def why_not_capturable(device: torch.device, enforce_eager: bool, syncing_ops: tuple[str, ...]) -> str | None:
+    """None when decode steps can run as CUDA graphs, else the reason they cannot. `syncing_ops`: the ops the
+    model's attention layers run whose torch reference syncs with the host (.tolist(), boolean-mask indexing)."""
     if device.type != "cuda":
         return f"device is {device.type}"
     if enforce_eager:
         return "enforce_eager=True"
-    torch_ops = [op for op in SYNCING_REFERENCES
-                 if op in dispatch.OPS and dispatch.backend_for(op, "cuda") == "torch"]
+    torch_ops = [op for op in syncing_ops if dispatch.backend_for(op, "cuda") == "torch"]
     if torch_ops:
         return f"{', '.join(torch_ops)} would run the torch reference, which syncs with the host"
     return None

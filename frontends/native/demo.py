@@ -23,6 +23,26 @@ _BASE: dict[str, dict[str, Any]] = {
                                 num_experts_per_tok=2, norm_topk_prob=True, mlp_only_layers=[0],
                                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                                 max_position_embeddings=512, tie_word_embeddings=False, initializer_range=0.2),
+    # MLA: num_key_value_heads = heads (DeepSeek configs default to 128); V2: no q-LoRA, softmax greedy router
+    # (norm_topk_prob off: transformers' V2 router never renormalises); layer 0 dense, layer 1 MoE (+1 shared)
+    "DeepseekV2ForCausalLM": dict(hidden_size=64, intermediate_size=128, moe_intermediate_size=32, n_routed_experts=8,
+                                  num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1,
+                                  topk_method="greedy", n_group=1, topk_group=1, norm_topk_prob=False,
+                                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=None,
+                                  kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+                                  max_position_embeddings=512, tie_word_embeddings=False, initializer_range=0.2),
+    # V3: q-LoRA, sigmoid + noaux_tc (named: V3 configs carry neither), 2 groups, yarn with mscale !=
+    # mscale_all_dim (both the rotary magnitude and the softmax-scale correction matter)
+    "DeepseekV3ForCausalLM": dict(hidden_size=64, intermediate_size=128, moe_intermediate_size=32, n_routed_experts=8,
+                                  num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1,
+                                  topk_method="noaux_tc", scoring_func="sigmoid", n_group=2, topk_group=1,
+                                  norm_topk_prob=True, routed_scaling_factor=2.5, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=24,
+                                  qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+                                  rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
+                                                   "original_max_position_embeddings": 128, "mscale": 1.0,
+                                                   "mscale_all_dim": 0.8, "beta_fast": 32, "beta_slow": 1},
+                                  max_position_embeddings=512, tie_word_embeddings=False, initializer_range=0.2),
     "LlamaForCausalLM": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                              num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False,
                              initializer_range=0.2),
@@ -76,12 +96,25 @@ def build_checkpoint(path: str | os.PathLike, arch: str = "Qwen3ForCausalLM", se
     config = config_cls(**fields)
     torch.manual_seed(seed)
     model = getattr(transformers, arch)(config).to(torch.float32)
+    _randomize_correction_bias(model, seed)
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path, safe_serialization=True)
     if tokenizer:
         byte_level_tokenizer().save_pretrained(path)
     return path
+
+
+def _randomize_correction_bias(model, seed: int) -> None:
+    """noaux_tc's e_score_correction_bias starts at zeros in transformers: give it the scale of the sigmoid
+    scores, so a router that ignores it picks other experts."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(torch.randn(b.shape, generator=g) * 0.3)
 
 
 def demo_checkpoint() -> Path:

@@ -51,6 +51,6 @@ def atom_metadata_builder(host: str, spec: Any):
 def atom_attention_impl(host: str, spec: Any):
     if host != HOST:
         return None
-    from atom_frontends.native.attention import NativeAttention
+    from atom_frontends.native.attention import NativeAttention, NativeMLAAttention
 
-    return NativeAttention
+    return NativeMLAAttention if spec.is_mla else NativeAttention

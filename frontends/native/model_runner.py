@@ -8,6 +8,7 @@ the sampler is vectorised.
 from __future__ import annotations
 
 import logging
+import math
 
 import torch
 
@@ -15,7 +16,7 @@ from atom_core.config import AtomConfig
 from atom_core.forward_context import set_forward_context
 from atom_core.platform import Platform
 from atom_core.plugins import metadata_builder
-from atom_frontends.native.attention import NativeAttention
+from atom_frontends.native.attention import NativeCacheLayer
 from atom_frontends.native.cuda_graphs import DecodeGraphs, batch_size_ladder, why_not_capturable
 from atom_frontends.native.sampler import SeqResult, sample, to_device, top_logprobs
 from atom_frontends.native.scheduler import Scheduled
@@ -27,7 +28,7 @@ log = logging.getLogger(__name__)
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, config: AtomConfig, platform: Platform, seed: int | None) -> None:
         self.model, self.config, self.device = model, config, platform.device
-        self.attn_layers = [m for m in model.modules() if isinstance(m, NativeAttention)]
+        self.attn_layers = [m for m in model.modules() if isinstance(m, NativeCacheLayer)]
         self.generator = torch.Generator(device=self.device)
         if seed is None:
             self.generator.seed()  # a fresh non-deterministic seed
@@ -43,17 +44,16 @@ class ModelRunner:
 
     def bytes_per_block(self) -> int:
         elem = torch.empty((), dtype=self.kv_dtype).element_size()
-        per_layer = sum(2 * a.spec.num_kv_heads * a.spec.head_dim for a in self.attn_layers)
-        return per_layer * self.config.block_size * elem
+        return sum(math.prod(a.cache_shape(1, self.config.block_size)) for a in self.attn_layers) * elem
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
-        """One [2, num_blocks, block_size, kv_heads, head_dim] tensor per attention layer; then the step
-        inputs, whose block-table width follows config.max_model_len (the engine may lower it to what
-        the cache holds), and on GPU the decode CUDA graphs, which bake in both."""
+        """One cache tensor per attention layer, of the shape the layer's spec asks for (K and V per KV head,
+        or one MLA latent row per token); then the step inputs, whose block-table width follows
+        config.max_model_len (the engine may lower it to what the cache holds), and on GPU the decode CUDA
+        graphs, which bake in both."""
         self.num_blocks = num_blocks
         for layer in self.attn_layers:
-            s = layer.spec
-            layer.kv_cache = torch.zeros(2, num_blocks, self.config.block_size, s.num_kv_heads, s.head_dim,
+            layer.kv_cache = torch.zeros(layer.cache_shape(num_blocks, self.config.block_size),
                                          dtype=self.kv_dtype, device=self.device)
             if self.config.kv_cache_dtype != "auto":
                 layer.k_scale = torch.ones((), dtype=torch.float32, device=self.device)
@@ -62,7 +62,8 @@ class ModelRunner:
         self._capture_graphs()
 
     def _capture_graphs(self) -> None:
-        reason = why_not_capturable(self.device, self.config.enforce_eager)
+        ops = tuple(dict.fromkeys(op for layer in self.attn_layers for op in layer.syncing_ops))
+        reason = why_not_capturable(self.device, self.config.enforce_eager, ops)
         if reason is not None:
             if self.device.type == "cuda":
                 log.warning("CUDA graphs off (%s): decode steps run eagerly", reason)

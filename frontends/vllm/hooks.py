@@ -48,6 +48,10 @@ def atom_metadata_builder(host: str, spec: Any):
 def atom_attention_impl(host: str, spec: Any):
     if host != HOST:
         return None
+    if spec.is_mla:
+        from atom_frontends.vllm.mla import MLAAttentionForVllm
+
+        return MLAAttentionForVllm
     from atom_frontends.vllm.attention import AttentionForVllm
 
     return AttentionForVllm

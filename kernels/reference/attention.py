@@ -50,6 +50,18 @@ def plan(block_tables, seq_lens, query_start_loc, block_size: int, sliding_windo
     return gathers
 
 
+def cached_plan(plan_cache: dict | None, op: str, block_tables, seq_lens, query_start_loc, block_size: int,
+                sliding_window: int | None) -> list[_Gather]:
+    """plan(...), made once per step and op: kept in `plan_cache` (the metadata's scratch) when given."""
+    key = (op, block_size, sliding_window)
+    gathers = None if plan_cache is None else plan_cache.get(key)
+    if gathers is None:
+        gathers = plan(block_tables, seq_lens, query_start_loc, block_size, sliding_window)
+        if plan_cache is not None:
+            plan_cache[key] = gathers
+    return gathers
+
+
 def paged_attention(
     query: torch.Tensor,
     k_cache: torch.Tensor,
@@ -76,12 +88,8 @@ def paged_attention(
     """
     if out is None:
         out = torch.empty_like(query)
-    key = ("reference.paged_attention", k_cache.shape[1], sliding_window)
-    gathers = None if plan_cache is None else plan_cache.get(key)
-    if gathers is None:
-        gathers = plan(block_tables, seq_lens, query_start_loc, k_cache.shape[1], sliding_window)
-        if plan_cache is not None:
-            plan_cache[key] = gathers
+    gathers = cached_plan(plan_cache, "reference.paged_attention", block_tables, seq_lens, query_start_loc,
+                          k_cache.shape[1], sliding_window)
     for g in gathers:
         # Two index tensors gather [..., seq, kv_heads, d] without copying a strided (vLLM/SGLang) cache.
         k = _dequant(k_cache[g.blocks, g.offsets], k_scale)
