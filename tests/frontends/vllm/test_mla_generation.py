@@ -26,11 +26,24 @@ CHECKPOINTS = {
 REAL_LATENT = (V3, dict(kv_lora_rank=512, qk_rope_head_dim=64))
 
 
-def _run(path, prompts, tmp_path, **env) -> dict:
-    job = {"model": str(path), "prompts": prompts, "max_tokens": NEW_TOKENS, "rounds": 1,
-           "engine": {"enforce_eager": True} if env else {}}
-    (result,), _ = run_vllm([job], tmp_path, VLLM_ENABLE_V1_MULTIPROCESSING="0", **env)
-    return result
+def _job(path, prompts, **engine) -> dict:
+    return {"model": str(path), "prompts": prompts, "max_tokens": NEW_TOKENS, "rounds": 1, "engine": engine}
+
+
+@pytest.fixture(scope="module")
+def runs(checkpoint_factory, prompts, tmp_path_factory):
+    """name → (path, our result) for every checkpoint, all in ONE vLLM process (startup is most of the time), and
+    vLLM's own DeepSeek-V3 on the real latent in a second process at the same time."""
+    paths = {name: checkpoint_factory(arch, **overrides)
+             for name, (arch, overrides) in {**CHECKPOINTS, "real-latent": REAL_LATENT}.items()}
+    with ThreadPoolExecutor(2) as pool:
+        ours = pool.submit(run_vllm, [_job(p, prompts) for p in paths.values()],
+                           tmp_path_factory.mktemp("vllm_mla_atom"), VLLM_ENABLE_V1_MULTIPROCESSING="0")
+        own = pool.submit(run_vllm, [_job(paths["real-latent"], prompts, enforce_eager=True)],
+                          tmp_path_factory.mktemp("vllm_mla_own"), VLLM_ENABLE_V1_MULTIPROCESSING="0",
+                          ATOM_DISABLE_VLLM_PLUGIN="1")
+        (ours, _), ((own,), _) = ours.result(), own.result()
+    return {name: (path, result) for (name, path), result in zip(paths.items(), ours)}, own
 
 
 def _until_eos(outputs: list[list[int]], eos: int = 2) -> list[list[int]]:
@@ -46,21 +59,15 @@ def _check_ours(result: dict) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(CHECKPOINTS))
-def test_deepseek_matches_transformers(checkpoint_factory, prompts, tmp_path, name):
-    arch, overrides = CHECKPOINTS[name]
-    path = checkpoint_factory(arch, **overrides)
-    ours = _run(path, prompts, tmp_path)
+def test_deepseek_matches_transformers(runs, prompts, name):
+    path, ours = runs[0][name]
     _check_ours(ours)
     assert _until_eos(ours["rounds"][0]["tokens"]) == hf_greedy(path, prompts, NEW_TOKENS)
 
 
 @pytest.mark.slow
-def test_real_latent_matches_vllm_own_deepseek_and_transformers(checkpoint_factory, prompts, tmp_path_factory):
-    path = checkpoint_factory(REAL_LATENT[0], **REAL_LATENT[1])
-    with ThreadPoolExecutor(2) as pool:
-        ours = pool.submit(_run, path, prompts, tmp_path_factory.mktemp("vllm_mla_atom"))
-        own = pool.submit(_run, path, prompts, tmp_path_factory.mktemp("vllm_mla_own"), ATOM_DISABLE_VLLM_PLUGIN="1")
-        ours, own = ours.result(), own.result()
+def test_real_latent_matches_vllm_own_deepseek_and_transformers(runs, prompts):
+    (path, ours), own = runs[0]["real-latent"], runs[1]
     _check_ours(ours)
     assert own["workers"][0]["model_class"] == "vllm.model_executor.models.deepseek_v2.DeepseekV3ForCausalLM"
     expected = own["rounds"][0]["tokens"]
