@@ -15,6 +15,10 @@ import atom_kernels
 from atom_core.forward_context import AttentionMetadata
 from atom_core.plugins import attention_impl
 
+# The atom_kernels ops each kind of attention runs: hosts check that a device has kernels for them.
+FULL_ATTENTION_OPS = ("write_kv_cache", "paged_attention")
+MLA_OPS = ("write_latent_cache", "mla_attention")
+
 
 @dataclass(frozen=True)
 class AttentionSpec:
@@ -32,6 +36,11 @@ class AttentionSpec:
     @property
     def uses_sliding_window(self) -> bool:
         return self.sliding_window is not None and self.sliding_window > 0
+
+    @property
+    def kernel_ops(self) -> tuple[str, ...]:
+        """The atom_kernels ops a layer of this spec runs (its KV write and its attention)."""
+        return MLA_OPS if self.is_mla else FULL_ATTENTION_OPS
 
     @property
     def is_mla(self) -> bool:

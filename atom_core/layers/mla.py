@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from atom_core.config import AtomConfig
-from atom_core.layers.attention import Attention
+from atom_core.layers.attention import MLA_OPS, Attention
 from atom_core.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear, _divide
 from atom_core.layers.norm import RMSNorm
 from atom_core.layers.rotary import RotaryEmbedding, rope_parameters, yarn_mscale
@@ -51,6 +51,8 @@ def _deinterleave(x: torch.Tensor) -> torch.Tensor:
 class MLAAttention(nn.Module):
     """DeepSeek MLA: hidden [T, hidden_size] → [T, hidden_size]. Heads are split over tensor-parallel ranks
     (q_proj / q_b_proj / kv_b_proj by rows, o_proj by columns); the latent projections are replicated."""
+
+    kernel_ops = MLA_OPS
 
     @staticmethod
     def rope_dim(cfg) -> int:

@@ -23,6 +23,7 @@ from atom_core.layers import (
     get_act_and_mul,
     get_rope,
 )
+from atom_core.layers.attention import FULL_ATTENTION_OPS
 from atom_core.models.weights import load_named_weights
 
 logger = logging.getLogger(__name__)
@@ -57,6 +58,8 @@ def _warn_fused_unsupported(layer_class: str) -> None:
 
 
 class LlamaAttention(nn.Module):
+    kernel_ops = FULL_ATTENTION_OPS  # (the fused Qwen3 prologue, when on, replaces the KV write)
+
     @staticmethod
     def rope_dim(cfg) -> int:
         """The width the model's one rotary table covers (a head; MLA: its rope part)."""

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from atom_core.forward_context import get_forward_context
-from atom_core.layers.attention import AttentionSpec, attention_forward, mla_forward
+from atom_core.layers.attention import FULL_ATTENTION_OPS, MLA_OPS, AttentionSpec, attention_forward, mla_forward
 
 
 class NativeCacheLayer(nn.Module):
@@ -37,7 +37,7 @@ class NativeCacheLayer(nn.Module):
 
 
 class NativeAttention(NativeCacheLayer):
-    syncing_ops = ("write_kv_cache", "paged_attention", "fused_qk_norm_rope_write_kv")
+    syncing_ops = (*FULL_ATTENTION_OPS, "fused_qk_norm_rope_write_kv")
 
     def cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
         return (2, num_blocks, block_size, self.spec.num_kv_heads, self.spec.head_dim)  # K, V
@@ -63,7 +63,7 @@ class NativeMLAAttention(NativeCacheLayer):
     """MLA over a latent cache [num_blocks, block_size, kv_lora_rank + qk_rope_head_dim]; an fp8 cache uses
     k_scale as its one per-tensor scale."""
 
-    syncing_ops = ("write_latent_cache", "mla_attention")
+    syncing_ops = MLA_OPS
 
     def cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
         return (num_blocks, block_size, self.spec.head_dim)

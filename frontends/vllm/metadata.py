@@ -12,6 +12,7 @@ import torch
 from vllm.v1.attention.backend import AttentionCGSupport, AttentionMetadataBuilder, CommonAttentionMetadata
 
 from atom_core.forward_context import AttentionMetadata
+from atom_core.layers.attention import FULL_ATTENTION_OPS, MLA_OPS
 from atom_core.plugins import metadata_builder
 from atom_kernels import dispatch
 
@@ -68,8 +69,11 @@ class AtomMetadataBuilder(AttentionMetadataBuilder[AttentionMetadata]):
         requests of a replay (query length 0); every tensor of our metadata is a view of the runner's
         persistent buffers. The torch reference reads host values (.tolist()): no full graphs, vLLM
         then captures only the pieces between attention ops (piecewise), or nothing."""
+        from vllm.v1.kv_cache_interface import MLAAttentionSpec
+
         device = torch.device(vllm_config.device_config.device_type)
-        if all(dispatch.backend(op, device) == "triton" for op in ("paged_attention", "write_kv_cache")):
+        ops = MLA_OPS if isinstance(kv_cache_spec, MLAAttentionSpec) else FULL_ATTENTION_OPS
+        if all(dispatch.backend(op, device) == "triton" for op in ops):
             return AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
         return AttentionCGSupport.NEVER
 

@@ -53,7 +53,24 @@ def _register_models() -> None:
     from atom_core.models import supported_architectures
 
     for arch in supported_architectures():
+        if missing := _missing_gpu_kernels(arch):
+            logger.warning("atom-core: %s stays on vLLM's own implementation on this GPU: atom-core has only the "
+                           "torch reference for %s (no GPU kernel yet)", arch, ", ".join(missing))
+            continue
         ModelRegistry.register_model(arch, MODEL_TARGET)
+
+
+def _missing_gpu_kernels(arch: str) -> list[str]:
+    """On a GPU platform, the attention ops of `arch` that would run as the torch reference (host syncs, no
+    CUDA graphs: many times slower than vLLM's own model). Empty on CPU, where the reference is our kernel."""
+    from atom_core.models import get_model_class
+    from atom_kernels import dispatch
+
+    base = _builtin_platform() or ""
+    if not (".cuda." in base or ".rocm." in base):
+        return []
+    ops = get_model_class(arch).attention_cls.kernel_ops
+    return [op for op in ops if dispatch.backend_for(op, "cuda") == "torch"]
 
 
 def platform_plugin() -> str | None:

@@ -139,3 +139,31 @@ def test_package_imports_without_vllm():
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
+
+
+def test_on_a_gpu_an_architecture_without_gpu_kernels_stays_on_vllms_own(monkeypatch, caplog):
+    """DeepSeek's MLA ops have only the torch reference so far: on a GPU vLLM's own DeepSeek keeps running (ours
+    would sync with the host every layer and lose CUDA graphs); on CPU ours runs."""
+    from vllm import ModelRegistry
+
+    from atom_core.layers.attention import MLA_OPS
+    from atom_kernels import dispatch
+
+    own = "vllm.model_executor.models.deepseek_v2:DeepseekV3ForCausalLM"
+    saved = dict(ModelRegistry.models)
+    monkeypatch.setattr(plugin, "_builtin_platform", lambda: "vllm.platforms.cuda.CudaPlatform")
+    monkeypatch.setattr(dispatch, "backend_for", lambda op, device: "torch" if op in MLA_OPS else "triton")
+    try:
+        ModelRegistry.register_model("DeepseekV3ForCausalLM", own)
+        with caplog.at_level("WARNING", logger="vllm.atom_core"):
+            plugin.register()
+        assert not plugin.atom_runs("DeepseekV3ForCausalLM")
+        assert plugin.atom_runs("Qwen3ForCausalLM") and plugin.atom_runs("Qwen3MoeForCausalLM")
+        assert "DeepseekV3ForCausalLM stays on vLLM's own implementation on this GPU" in caplog.text
+        assert "write_latent_cache, mla_attention" in caplog.text
+        monkeypatch.setattr(plugin, "_builtin_platform", lambda: "vllm.platforms.cpu.CpuPlatform")
+        plugin.register()
+        assert plugin.atom_runs("DeepseekV3ForCausalLM")
+    finally:
+        ModelRegistry.models.clear()
+        ModelRegistry.models.update(saved)
