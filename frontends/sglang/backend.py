@@ -89,13 +89,12 @@ class AtomAttnBackend(AttentionBackend):
     @staticmethod
     def _check_pool(pool) -> bool:
         """True for SGLang's MLA (latent) pool, False for its MHA pool; raises for any other."""
-        # exact types: subclasses (FP4 / DSA / hybrid pools) lay their buffers out differently
-        if type(pool) not in (MHATokenToKVPool, MLATokenToKVPool):
+        if not isinstance(pool, (MHATokenToKVPool, MLATokenToKVPool)):
             raise NotImplementedError(f"atom-core's attention backend reads an MHATokenToKVPool or an "
                                       f"MLATokenToKVPool; this model uses {type(pool).__name__} (hybrid/"
                                       "sliding-window/quantized pools are not supported yet); use another "
                                       "--attention-backend")
-        mla = type(pool) is MLATokenToKVPool
+        mla = isinstance(pool, MLATokenToKVPool)  # its FP4 subclass stores bytes: refused by the dtype check
         if mla and (pool.use_dsa or pool.kv_cache_dim != pool.kv_lora_rank + pool.qk_rope_head_dim):
             raise NotImplementedError("atom-core's attention backend reads a plain MLA pool (rows of "
                                       "kv_lora_rank + qk_rope_head_dim); sparse (DSA) MLA pools are not supported")
