@@ -70,7 +70,10 @@ def adapted_architectures() -> list[str]:
     return sorted(_ADAPTERS)
 
 
-# Llama, Qwen3 and Qwen3-MoE are plain decoder stacks ('model.layers.<i>.self_attn.attn'): the defaults fit.
+# Llama, Qwen3, Qwen3-MoE and DeepSeek-V2/V3 are plain decoder stacks ('model.layers.<i>.self_attn.attn'): the
+# defaults fit. SGLang gives the DeepSeek architectures its MLA token pool (by architecture name).
 register_adapter(ModelAdapter("LlamaForCausalLM", "LlamaForCausalLM"))
 register_adapter(ModelAdapter("Qwen3ForCausalLM", "Qwen3ForCausalLM"))
 register_adapter(ModelAdapter("Qwen3MoeForCausalLM", "Qwen3MoeForCausalLM"))
+register_adapter(ModelAdapter("DeepseekV2ForCausalLM", "DeepseekV2ForCausalLM"))
+register_adapter(ModelAdapter("DeepseekV3ForCausalLM", "DeepseekV3ForCausalLM"))

@@ -3,6 +3,8 @@
 Being SGLang's own layer type, it runs under whichever `--attention-backend` SGLang was started
 with: atom-core's ("atom", backend.py), or SGLang's (e.g. torch_native). It takes the current
 ForwardBatch from the runtime bridge, since atom-core's model code never passes host objects.
+An MLA spec gets SGLangMLAAttention: SGLang's MLA form of the layer (one KV "head" of r + rope, values r
+wide) over the MLA token pool that SGLang picks for DeepSeek architectures.
 Imported only when SGLang drives the process (it imports sglang).
 """
 
@@ -18,9 +20,8 @@ from atom_frontends.sglang.bridge import current_forward_batch
 
 class SGLangAttention(RadixAttention):
     def __init__(self, spec: AttentionSpec) -> None:
-        if spec.kv_lora_rank is not None:
-            raise NotImplementedError(f"{spec.prefix}: MLA (latent KV cache) layers are not supported by "
-                                      "atom-core's SGLang frontend yet")
+        if spec.is_mla:
+            raise TypeError(f"{spec.prefix}: an MLA spec builds SGLangMLAAttention, not SGLangAttention")
         # SGLang's sliding_window_size counts the keys before the query; ours counts the query too.
         window = spec.sliding_window - 1 if spec.uses_sliding_window else -1
         super().__init__(spec.num_heads, spec.head_dim, spec.scale, spec.num_kv_heads,
@@ -31,3 +32,23 @@ class SGLangAttention(RadixAttention):
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
         """query [T, heads*d], key/value [T, kv_heads*d] → [T, heads*d]"""
         return super().forward(query, key, value, current_forward_batch())
+
+
+class SGLangMLAAttention(SGLangAttention):
+    """MLA in the absorbed form: RadixAttention with qk_head_dim = r + rope, one KV head, v_head_dim = r."""
+
+    def __init__(self, spec: AttentionSpec) -> None:
+        if not spec.is_mla:
+            raise TypeError(f"{spec.prefix}: SGLangMLAAttention needs an MLA spec (kv_lora_rank set)")
+        RadixAttention.__init__(self, spec.num_heads, spec.head_dim, spec.scale, 1,
+                                layer_id=layer_id_from_prefix(spec.prefix), v_head_dim=spec.kv_lora_rank,
+                                prefix=spec.prefix)
+        self.spec = spec
+
+    def forward(self, query: torch.Tensor, latent: torch.Tensor) -> torch.Tensor:
+        """query [T, heads, r + rope], latent [T, r + rope] → [T, heads, r]. SGLang's MLA calling convention:
+        k [T, 1, r + rope] is the row to write, v [T, 1, r] a view of its first r features."""
+        t, r = query.shape[0], self.spec.kv_lora_rank
+        k = latent.view(t, 1, self.spec.head_dim)
+        out = RadixAttention.forward(self, query, k, k[..., :r], current_forward_batch())
+        return out.view(t, self.spec.num_heads, r)

@@ -3,6 +3,8 @@
 init_forward_metadata builds the core's AttentionMetadata through the `atom_metadata_builder`
 hook; forward_extend/forward_decode run the shared `attention_forward` (atom_kernels) directly on
 SGLang's token pool, in place. It serves atom-core's layers and SGLang's own RadixAttention layers.
+With SGLang's MLA token pool (DeepSeek architectures) they run the shared `mla_forward` instead, on
+the pool's latent buffer [slots, 1, r + rope]: block size 1, the same logical layout as our latent cache.
 Imported only inside SGLang processes (it subclasses SGLang's AttentionBackend).
 """
 
@@ -13,10 +15,10 @@ import weakref
 import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from sglang.srt.layers.radix_attention import AttentionType
-from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool
 
 from atom_core.forward_context import AttentionMetadata
-from atom_core.layers.attention import AttentionSpec, attention_forward
+from atom_core.layers.attention import AttentionSpec, attention_forward, mla_forward
 from atom_core.plugins import metadata_builder
 from atom_frontends.sglang.hooks import HOST
 
@@ -29,11 +31,17 @@ CUDA_GRAPH_ERROR = (
 _FLOAT_KV = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def spec_of(layer) -> AttentionSpec:
-    """The AttentionSpec of an atom-core layer, or one derived from an SGLang RadixAttention."""
+def spec_of(layer, mla: bool = False) -> AttentionSpec:
+    """The AttentionSpec of an atom-core layer, or one derived from an SGLang RadixAttention (an MLA one,
+    absorbed form, when the pool is SGLang's MLA pool: qk_head_dim = r + rope, v_head_dim = r)."""
     spec = getattr(layer, "spec", None)
     if isinstance(spec, AttentionSpec):
+        if spec.is_mla != mla:
+            raise NotImplementedError(f"{spec.prefix}: a {'latent (MLA)' if spec.is_mla else 'full'}-attention "
+                                      f"layer over SGLang's {'MLA' if mla else 'MHA'} token pool")
         return spec
+    if mla:
+        return _mla_spec_of(layer)
     problems = []
     if layer.logit_cap and layer.logit_cap > 0:
         problems.append(f"logit capping ({layer.logit_cap})")
@@ -54,26 +62,46 @@ def spec_of(layer) -> AttentionSpec:
                          prefix=f"sglang.layer{layer.layer_id}", sliding_window=window)
 
 
+def _mla_spec_of(layer) -> AttentionSpec:
+    """An SGLang RadixAttention over the MLA pool: one latent "head" of r + rope, values its first r."""
+    r = layer.v_head_dim
+    if layer.tp_k_head_num != 1 or not 0 < r < layer.qk_head_dim or (layer.logit_cap or 0) > 0:
+        raise NotImplementedError(f"attention layer {layer.layer_id} over SGLang's MLA pool is not the absorbed "
+                                  f"form atom-core's backend runs (kv heads {layer.tp_k_head_num}, qk_head_dim "
+                                  f"{layer.qk_head_dim}, v_head_dim {r}, logit_cap {layer.logit_cap}); use "
+                                  "another --attention-backend")
+    return AttentionSpec(layer.tp_q_head_num, layer.qk_head_dim, layer.scaling, 1,
+                         prefix=f"sglang.layer{layer.layer_id}", kv_lora_rank=r,
+                         qk_rope_head_dim=layer.qk_head_dim - r)
+
+
 class AtomAttnBackend(AttentionBackend):
     def __init__(self, model_runner) -> None:
         super().__init__()
         self.device = model_runner.device
         self.req_to_token_pool = model_runner.req_to_token_pool
         self.token_to_kv_pool = model_runner.token_to_kv_pool
-        self._check_pool(self.token_to_kv_pool)
+        self.mla = self._check_pool(self.token_to_kv_pool)
         self.build_metadata = metadata_builder(spec=None, host=HOST)
         self.forward_metadata: AttentionMetadata | None = None
         self._specs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     @staticmethod
-    def _check_pool(pool) -> None:
-        if not isinstance(pool, MHATokenToKVPool):
-            raise NotImplementedError(f"atom-core's attention backend reads an MHATokenToKVPool; this model "
-                                      f"uses {type(pool).__name__} (hybrid/sliding-window/MLA pools are not "
-                                      "supported yet); use another --attention-backend")
+    def _check_pool(pool) -> bool:
+        """True for SGLang's MLA (latent) pool, False for its MHA pool; raises for any other."""
+        if not isinstance(pool, (MHATokenToKVPool, MLATokenToKVPool)):
+            raise NotImplementedError(f"atom-core's attention backend reads an MHATokenToKVPool or an "
+                                      f"MLATokenToKVPool; this model uses {type(pool).__name__} (hybrid/"
+                                      "sliding-window/quantized pools are not supported yet); use another "
+                                      "--attention-backend")
+        mla = isinstance(pool, MLATokenToKVPool)  # its FP4 subclass stores bytes: refused by the dtype check
+        if mla and (pool.use_dsa or pool.kv_cache_dim != pool.kv_lora_rank + pool.qk_rope_head_dim):
+            raise NotImplementedError("atom-core's attention backend reads a plain MLA pool (rows of "
+                                      "kv_lora_rank + qk_rope_head_dim); sparse (DSA) MLA pools are not supported")
         if pool.dtype not in _FLOAT_KV or pool.store_dtype != pool.dtype:
             raise NotImplementedError(f"KV cache dtype {pool.dtype} is not supported by atom-core's "
                                       "attention backend yet; use --kv-cache-dtype auto")
+        return mla
 
     # --- metadata -------------------------------------------------------------------------------
     def init_forward_metadata(self, forward_batch) -> None:
@@ -120,7 +148,7 @@ class AtomAttnBackend(AttentionBackend):
     def _spec(self, layer) -> AttentionSpec:
         spec = self._specs.get(layer)
         if spec is None:
-            spec = self._specs[layer] = spec_of(layer)
+            spec = self._specs[layer] = spec_of(layer, self.mla)
         return spec
 
     def _caches(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -134,7 +162,8 @@ class AtomAttnBackend(AttentionBackend):
         return k.unsqueeze(1), v.unsqueeze(1)
 
     def _attend(self, q, k, v, layer, save_kv_cache: bool, kwargs: dict) -> torch.Tensor:
-        """q [T, heads*d] (or [T, heads, d]); k/v [T, kv_heads, d] → [T, heads*d]."""
+        """q [T, heads*d] (or [T, heads, d]); k/v [T, kv_heads, d] → [T, heads*d].
+        MLA pool: q [T, heads, r + rope], k [T, 1, r + rope] (the rows to write), v [T, 1, r] → [T, heads*r]."""
         if any(value is not None for value in kwargs.values()):
             raise NotImplementedError(f"atom-core's attention backend got unsupported arguments "
                                       f"{sorted(kwargs)}")
@@ -144,6 +173,12 @@ class AtomAttnBackend(AttentionBackend):
             raise RuntimeError(f"atom attention backend: no metadata for this batch of {t} tokens "
                                "(init_forward_metadata was not called for it)")
         spec = self._spec(layer)
+        if self.mla:
+            # v is k's first r features (SGLang's own models pass that view); the rows written are k's
+            latent = k.reshape(t, spec.head_dim) if save_kv_cache and k is not None else None
+            cache = self.token_to_kv_pool.get_key_buffer(layer.layer_id)  # [slots, 1, r + rope]
+            out = mla_forward(spec, q.reshape(t, spec.num_heads, spec.head_dim), latent, cache, md)
+            return out.reshape(t, spec.num_heads * spec.kv_lora_rank)
         k_cache, v_cache = self._caches(layer.layer_id)
         write = save_kv_cache and k is not None and v is not None
         key = k.reshape(t, -1) if write else None

@@ -54,6 +54,6 @@ def atom_metadata_builder(host: str, spec: Any):
 def atom_attention_impl(host: str, spec: Any):
     if host != HOST:
         return None
-    from atom_frontends.sglang.attention import SGLangAttention
+    from atom_frontends.sglang.attention import SGLangAttention, SGLangMLAAttention
 
-    return SGLangAttention
+    return SGLangMLAAttention if spec.is_mla else SGLangAttention

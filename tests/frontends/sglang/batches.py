@@ -15,13 +15,19 @@ import torch
 
 
 def make_runner(num_layers: int, kv_heads: int, head_dim: int, slots: int = 512, max_context: int = 128,
-                dtype=torch.float32):
-    """What an attention backend takes from SGLang's ModelRunner: device and the two real pools."""
-    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+                dtype=torch.float32, mla_rope_dim: int | None = None):
+    """What an attention backend takes from SGLang's ModelRunner: device and the two real pools. With
+    mla_rope_dim, the KV pool is SGLang's MLA pool: rows of head_dim = kv_lora_rank + mla_rope_dim (kv_heads 1)."""
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool, ReqToTokenPool
 
     req = ReqToTokenPool(size=8, max_context_len=max_context, device="cpu", enable_memory_saver=False)
-    kv = MHATokenToKVPool(size=slots, page_size=1, dtype=dtype, head_num=kv_heads, head_dim=head_dim,
-                          layer_num=num_layers, device="cpu", enable_memory_saver=False)
+    if mla_rope_dim is None:
+        kv = MHATokenToKVPool(size=slots, page_size=1, dtype=dtype, head_num=kv_heads, head_dim=head_dim,
+                              layer_num=num_layers, device="cpu", enable_memory_saver=False)
+    else:
+        kv = MLATokenToKVPool(size=slots, page_size=1, dtype=dtype, kv_lora_rank=head_dim - mla_rope_dim,
+                              qk_rope_head_dim=mla_rope_dim, layer_num=num_layers, device="cpu",
+                              enable_memory_saver=False)
     return types.SimpleNamespace(device="cpu", req_to_token_pool=req, token_to_kv_pool=kv)
 
 

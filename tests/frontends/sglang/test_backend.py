@@ -2,7 +2,8 @@
 
 Both run on real SGLang pools and ForwardBatches in identical states: same outputs, same KV writes,
 for EXTEND over cached prefixes, DECODE, MIXED, IDLE, with sliding windows and GQA, for SGLang's own
-RadixAttention layers and for atom-core's layer class alike, on float32 and bfloat16 pools.
+RadixAttention layers and for atom-core's layer class alike, on float32 and bfloat16 pools; and over SGLang's
+MLA token pool (the absorbed form: one latent "head" of r + rope, values its first r features).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.frontends.sglang.batches import Requests, idle_batch, make_runner
+from tests.frontends.sglang.batches import Requests, idle_batch, make_runner, sglang_runtime
 
 HEADS, KV_HEADS, HEAD_DIM, LAYERS = 4, 2, 16, 2
 LENGTHS = [7, 30, 1, 12]  # whole sequences of the four requests
@@ -36,10 +37,11 @@ def _layer(kind: str, window: int | None):
     return SGLangAttention(spec)
 
 
-def _two_runners(dtype=torch.float32):
+def _two_runners(dtype=torch.float32, **pool):
     """Our runner and the oracle's: identical pools holding random K/V for every slot already."""
-    ours = make_runner(LAYERS, KV_HEADS, HEAD_DIM, dtype=dtype)
-    theirs = make_runner(LAYERS, KV_HEADS, HEAD_DIM, dtype=dtype)
+    pool = pool or dict(kv_heads=KV_HEADS, head_dim=HEAD_DIM)
+    ours = make_runner(LAYERS, dtype=dtype, **pool)
+    theirs = make_runner(LAYERS, dtype=dtype, **pool)
     torch.manual_seed(0)
     for buf in _buffers(ours):
         buf.normal_()
@@ -54,6 +56,8 @@ def _two_runners(dtype=torch.float32):
 
 def _buffers(runner) -> list[torch.Tensor]:
     pool = runner.token_to_kv_pool
+    if hasattr(pool, "kv_buffer"):  # MLA pool: one latent buffer per layer
+        return list(pool.kv_buffer)
     return [*pool.k_buffer, *pool.v_buffer]
 
 
@@ -89,6 +93,60 @@ def test_matches_torch_native(mode, window, layer_kind, save_kv_cache, dtype):
         assert torch.equal(a, b)  # written in place exactly where SGLang writes (or nowhere)
     written = ours.token_to_kv_pool.get_key_buffer(1)[fb.out_cache_loc]
     assert torch.equal(written, k) == save_kv_cache
+
+
+MLA_RANK, MLA_ROPE = 16, 8
+
+
+def _mla_layer(kind: str):
+    if kind == "sglang":  # how SGLang's own DeepSeek builds its absorbed-form layer
+        from sglang.srt.layers.radix_attention import RadixAttention
+
+        return RadixAttention(HEADS, MLA_RANK + MLA_ROPE, 0.3, 1, layer_id=1, v_head_dim=MLA_RANK)
+    from atom_core.layers.attention import AttentionSpec
+    from atom_frontends.sglang.attention import SGLangMLAAttention
+
+    spec = AttentionSpec(HEADS, MLA_RANK + MLA_ROPE, 0.3, 1, "model.layers.1.self_attn.attn",
+                         kv_lora_rank=MLA_RANK, qk_rope_head_dim=MLA_ROPE)
+    return SGLangMLAAttention(spec)
+
+
+@pytest.mark.parametrize("layer_kind", ["sglang", "atom"])
+@pytest.mark.parametrize("mode", list(SPANS))
+@pytest.mark.parametrize("save_kv_cache", [True, False])
+def test_mla_pool_matches_torch_native(sglang_checkpoint, mode, layer_kind, save_kv_cache):
+    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+
+    from atom_frontends.sglang.backend import create_backend
+
+    ours, theirs, reqs = _two_runners(kv_heads=1, head_dim=MLA_RANK + MLA_ROPE, mla_rope_dim=MLA_ROPE)
+    fb = reqs.batch(dict(zip(reqs.tokens, SPANS[mode])), mode=mode.upper())
+    t = fb.input_ids.shape[0]
+    q = torch.randn(t, HEADS, MLA_RANK + MLA_ROPE)
+    k = torch.randn(t, 1, MLA_RANK + MLA_ROPE)
+    layer = _mla_layer(layer_kind)
+    got = _run(create_backend(ours), layer, fb, q, k, k[..., :MLA_RANK], save_kv_cache)
+    with sglang_runtime(sglang_checkpoint("llama")):  # the MLA pool's own write reads SGLang's parallel config
+        want = _run(TorchNativeAttnBackend(theirs), layer, fb, q, k, k[..., :MLA_RANK], save_kv_cache)
+    assert got.shape == want.shape == (t, HEADS * MLA_RANK)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    for a, b in zip(_buffers(ours), _buffers(theirs)):
+        assert torch.equal(a, b)  # the latent rows written in place exactly where SGLang writes them
+    written = ours.token_to_kv_pool.get_key_buffer(1)[fb.out_cache_loc]
+    assert torch.equal(written, k) == save_kv_cache
+
+
+def test_mla_layer_over_the_mha_pool_is_refused():
+    from atom_frontends.sglang.backend import create_backend
+
+    _, _, reqs = _two_runners()
+    fb = reqs.batch(dict(zip(reqs.tokens, SPANS["decode"])))
+    backend = create_backend(reqs.runner)
+    backend.init_forward_metadata(fb)
+    t = fb.input_ids.shape[0]
+    q, k = torch.randn(t, HEADS, MLA_RANK + MLA_ROPE), torch.randn(t, 1, MLA_RANK + MLA_ROPE)
+    with pytest.raises(NotImplementedError, match="latent \\(MLA\\)-attention layer over SGLang's MHA"):
+        backend.forward(q, k, k[..., :MLA_RANK], _mla_layer("atom"), fb)
 
 
 def test_metadata_describes_the_batch():

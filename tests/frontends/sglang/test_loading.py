@@ -22,6 +22,7 @@ def test_frontend_imports_without_sglang():
         "sys.modules['sglang'] = None  # any import of sglang now fails\n"
         "import atom_frontends.sglang, atom_frontends.sglang.hooks, atom_frontends.sglang.plugin\n"
         "import atom_frontends.sglang.models.qwen3, atom_frontends.sglang.models.llama\n"
+        "import atom_frontends.sglang.models.deepseek_v2, atom_frontends.sglang.models.deepseek_v3\n"
         "from atom_core.plugins import frontend_names\n"
         "assert 'sglang' in frontend_names(), frontend_names()\n"
         "print('imported')\n"
@@ -37,7 +38,8 @@ def test_import_model_classes_strict_imports_every_module():
     from atom_frontends.sglang.wrapper import AtomSGLangModel
 
     classes = import_model_classes(MODELS, strict=True)
-    assert sorted(classes) == adapted_architectures() == ["LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"]
+    assert sorted(classes) == adapted_architectures() == ["DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM",
+                                                          "LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"]
     for arch, cls in classes.items():
         assert cls.__name__ == arch and issubclass(cls, AtomSGLangModel)
         assert cls.__module__.startswith(MODELS + ".")
@@ -115,3 +117,5 @@ def test_hooks_answer_only_for_sglang():
     assert hooks.atom_translate_config(host="sglang", host_config=object()) is None  # not SGLang's object
     assert hooks.atom_platform(host="native") is None
     assert hooks.atom_attention_impl(host="sglang", spec=spec).__name__ == "SGLangAttention"
+    mla = AttentionSpec(4, 24, 0.25, 1, "model.layers.0.self_attn.attn", kv_lora_rank=16, qk_rope_head_dim=8)
+    assert hooks.atom_attention_impl(host="sglang", spec=mla).__name__ == "SGLangMLAAttention"
