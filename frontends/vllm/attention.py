@@ -20,6 +20,7 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheSpec, SlidingWi
 
 from atom_core.layers.attention import AttentionSpec
 from atom_frontends.vllm.backend import AtomAttentionBackend, AtomAttentionImpl, register_attention_backend
+from atom_frontends.vllm.cpu_kernels import register_host_kernels
 from atom_frontends.vllm.platforms import ATTENTION_OP
 
 # vLLM micro-batching (--enable-dbo, --ubatch-size > 1) gives each micro-batch a thread and a forward
@@ -66,6 +67,7 @@ class AttentionForVllm(nn.Module, AttentionLayerBase):
         super().__init__()
         vllm_config = get_current_vllm_config()
         register_attention_backend()  # idempotent; covers a VLLM_PLUGINS filter that kept only the platform
+        register_host_kernels()  # vLLM's CPU attention kernels for our ops, on vLLM's CPU platform only
         self.spec = spec
         self.layer_name = spec.prefix
         self.num_heads, self.num_kv_heads, self.head_size = spec.num_heads, spec.num_kv_heads, spec.head_dim

@@ -15,6 +15,7 @@ from vllm.v1.kv_cache_layout import KVCacheLayout
 
 from atom_core.forward_context import AttentionMetadata
 from atom_core.layers.attention import AttentionSpec, attention_forward
+from atom_kernels import dispatch
 
 BACKEND_NAME = "ATOM"
 BACKEND_PATH = "atom_frontends.vllm.backend.AtomAttentionBackend"
@@ -31,12 +32,18 @@ def register_attention_backend() -> None:
 
 
 def split_kv_cache(kv_cache: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """vLLM's per-layer view [num_blocks, kv_heads, block_size, 2*head_dim] (K then V on the last dim,
-    strides set by the negotiated layout) → K and V views [num_blocks, block_size, kv_heads, head_dim],
-    the logical shape atom_kernels read. No copy. vLLM keeps fp8 caches as uint8 bytes; our fp8 kinds
-    (fp8, fp8_e4m3) are e4m3, so those bytes are viewed as float8_e4m3fn."""
+    """vLLM's per-layer view [num_blocks, kv_heads, block_size, 2*head_dim] (strides set by the negotiated
+    layout) → K and V views [num_blocks, block_size, kv_heads, head_dim], the logical shape atom_kernels
+    read. No copy. The page bytes are ours to order: a head-major page (layout LBHNC: [block_size, 2*head_dim]
+    contiguous per block and head) holds block_size K rows then block_size V rows, as vLLM's CPU attention
+    kernels want (cpu_kernels.py); other layouts hold K then V on the last dim. vLLM keeps fp8 caches as uint8
+    bytes; our fp8 kinds (fp8, fp8_e4m3) are e4m3, so those bytes are viewed as float8_e4m3fn."""
     if kv_cache.dtype == torch.uint8:
         kv_cache = kv_cache.view(torch.float8_e4m3fn)
+    blocks, heads, block_size, _ = kv_cache.shape
+    if kv_cache.stride()[1:] == (2 * block_size * head_dim, 2 * head_dim, 1):
+        k, v = kv_cache.view(blocks, heads, 2, block_size, head_dim).unbind(2)
+        return k.transpose(1, 2), v.transpose(1, 2)
     return kv_cache[..., :head_dim].transpose(1, 2), kv_cache[..., head_dim:].transpose(1, 2)
 
 
@@ -112,6 +119,9 @@ class AtomAttentionBackend(AttentionBackend):
     @classmethod
     def supported_kv_cache_layouts(cls) -> tuple[KVCacheLayout, ...]:
         # atom_kernels take K/V as strided views, so every layout works; token-major (NHD) pages
-        # match our logical [blocks, block_size, kv_heads, head_dim] best, so they come first.
+        # match our logical [blocks, block_size, kv_heads, head_dim] best, so they come first, unless
+        # vLLM's CPU attention kernels serve our ops (cpu_kernels.py): they read head-major pages only.
         first = (KVCacheLayout.LBNHC, KVCacheLayout.BLNHC)
+        if dispatch.backend_for("paged_attention", "cpu") == "host":
+            first = (KVCacheLayout.LBHNC, *first)
         return first + tuple(layout for layout in KVCacheLayout if layout not in first)

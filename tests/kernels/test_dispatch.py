@@ -68,3 +68,26 @@ def test_compiler_traces_fusable_ops_as_their_reference():
         assert torch.compile(picks, fullgraph=True, backend="eager")(torch.zeros(())) == 1  # traced: rms_norm only
     finally:
         dispatch.reset()
+
+
+def test_host_kernels_serve_only_the_device_they_name(monkeypatch):
+    # A host frontend (e.g. vLLM on CPU) brings its own kernels: first choice on that device type only, the
+    # reference again once removed, and ATOM_KERNEL_BACKEND=torch still forces the reference.
+    cpu = torch.device("cpu")
+    with pytest.raises(ValueError, match="device_type='cpu'"):
+        dispatch.register("rms_norm", "host", "atom_kernels.reference:silu_and_mul")
+    assert dispatch.register("rms_norm", "host", "atom_kernels.reference:silu_and_mul", device_type="cpu") is None
+    try:
+        assert dispatch.describe("cpu")["rms_norm"] == "host"
+        assert dispatch.get("rms_norm", cpu) is reference.silu_and_mul
+        assert dispatch.backend_for("rms_norm", "cuda") != "host"
+        monkeypatch.setenv("ATOM_KERNEL_BACKEND", "torch")
+        dispatch.reset()
+        assert dispatch.get("rms_norm", cpu) is reference.rms_norm
+        monkeypatch.delenv("ATOM_KERNEL_BACKEND")
+    finally:
+        assert dispatch.register("rms_norm", "host", None) == "atom_kernels.reference:silu_and_mul"
+    assert dispatch.describe("cpu") == {op: "torch" for op in dispatch.OPS}
+    assert dispatch.get("rms_norm", cpu) is reference.rms_norm
+    with pytest.raises(ValueError, match="only host kernels can be removed"):
+        dispatch.register("rms_norm", "torch", None)

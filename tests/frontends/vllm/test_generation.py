@@ -33,6 +33,9 @@ def test_atom_model_ran_inside_vllm(atom_run, name):
     assert worker["atom_host"] == "vllm"
     assert worker["platform_class"] == ATOM_PLATFORM
     assert worker["decoder_compiled"]  # default settings: vLLM compiled our decoder, as it does its own models
+    # vLLM's own CPU attention kernels ran our attention (head-major pages, 32-token blocks), no layer fell back
+    assert worker["attention_kernels"] == {"backends": {"write_kv_cache": "host", "paged_attention": "host"},
+                                           "fallbacks": []}
 
 
 @pytest.mark.slow

@@ -42,7 +42,18 @@ def inspect_worker(model) -> dict:
         # vLLM's torch.compile wrapper around atom-core's decoder (None: not an atom-core model)
         "decoder_compiled": (not model.decoder.do_not_compile) if hasattr(model, "core") else None,
         "platform_class": f"{type(current_platform).__module__}.{type(current_platform).__qualname__}",
+        # who ran our attention ops ("host": vLLM's CPU kernels, atom_frontends.vllm.cpu_kernels), and why
+        # any layer fell back to the torch reference
+        "attention_kernels": _attention_kernels(),
     }
+
+
+def _attention_kernels() -> dict:
+    import atom_kernels
+    from atom_frontends.vllm import cpu_kernels
+
+    backends = atom_kernels.dispatch.describe("cpu")
+    return {"backends": {op: backends[op] for op in cpu_kernels.OPS}, "fallbacks": sorted(cpu_kernels._logged)}
 
 
 def run_job(job: dict) -> dict:
