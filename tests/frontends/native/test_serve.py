@@ -95,7 +95,9 @@ def test_streamed_chat_matches_transformers(server, ckpt, tok):
         stream_options={"include_usage": True}, extra_body=AS_IDS)
     chunks = list(stream)
     deltas = [c.choices[0] for c in chunks if c.choices]
-    assert deltas[0].delta.role == "assistant" and len(deltas) > 2  # streamed, not one piece
+    # How many chunks carry the text depends on timing: a reader slower than the engine's steps gets the tokens
+    # of several steps in one chunk (vLLM coalesces the same way); a loaded CI machine gave one chunk.
+    assert deltas[0].delta.role == "assistant"
     assert "".join(d.delta.content or "" for d in deltas) == _text(tok, want)
     entries = [e for d in deltas if d.logprobs for e in d.logprobs.content]
     assert _ids([e.token for e in entries]) == want
