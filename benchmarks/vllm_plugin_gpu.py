@@ -11,7 +11,7 @@ Each row runs once untimed, then timed (the first run's time is printed too: it 
 Prints both sides, how many batch-32 greedy sequences agree (bf16: near-ties may differ), and the
 ratio atom-core / vLLM's own last; writes the table to benchmarks/results/.
 
-    python benchmarks/vllm_plugin_gpu.py [--checkpoint DIR] [--rows batch1,batch32,offline]
+    python benchmarks/vllm_plugin_gpu.py [--checkpoint DIR] [--rows batch1,batch32,offline] [--profile]
 """
 
 from __future__ import annotations
@@ -45,7 +45,34 @@ def workloads(vocab: int) -> dict[str, tuple[list[list[int]], list[int], float]]
     }
 
 
-def worker(path: str, rows: list[str]) -> dict:
+def decode_profile(llm, vocab: int) -> str:
+    """torch.profiler over a batch-32 generate of 9 tokens (1 prefill + 8 decode steps), in this process (the
+    engine runs in-process): GPU kernels by total time, launches, and the step's wall time vs GPU time."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    from vllm import SamplingParams
+
+    prompts, _, _ = workloads(vocab)["batch32"]
+    params = SamplingParams(max_tokens=9, temperature=0.0, ignore_eos=True, detokenize=False)
+    requests = [{"prompt_token_ids": p} for p in prompts]
+    llm.generate(requests, params, use_tqdm=False)  # same shapes once, outside the profile
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        llm.generate(requests, params, use_tqdm=False)
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - t
+    kernels = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+    gpu_us = sum(e.self_device_time_total for e in kernels)
+    launches = sum(e.count for e in kernels)
+    top = sorted(kernels, key=lambda e: -e.self_device_time_total)[:12]
+    lines = [f"9-token batch-32 generate: wall {wall * 1e3:.1f} ms, GPU kernels {gpu_us / 1e3:.1f} ms, "
+             f"{launches} kernel launches (graph replays count their kernels)"]
+    lines += [f"  {e.self_device_time_total / 1e3:8.2f} ms {e.count:6d}x  {e.key[:90]}" for e in top]
+    return "\n".join(lines)
+
+
+def worker(path: str, rows: list[str], profile: bool = False) -> dict:
     """One side, in this process: one engine, a warm-up, then each row timed."""
     from vllm import LLM, SamplingParams
 
@@ -69,14 +96,16 @@ def worker(path: str, rows: list[str]) -> dict:
         produced = sum(len(o.outputs[0].token_ids) for o in outs)
         assert produced == sum(max_tokens), f"{row}: {produced} tokens, expected {sum(max_tokens)}"
         result[row] = {"tok_s": produced / elapsed, "tokens": [list(o.outputs[0].token_ids) for o in outs]}
+    if profile:
+        result["profile"] = decode_profile(llm, vocab)
     result["model"] = llm.apply_model(lambda m: f"{type(m).__module__}.{type(m).__qualname__}")[0]
     result["cudagraph_mode"] = str(llm.llm_engine.vllm_config.compilation_config.cudagraph_mode)
     return result
 
 
-def run_side(path: str, rows: list[str], own: bool) -> dict:
+def run_side(path: str, rows: list[str], own: bool, profile: bool) -> dict:
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "ATOM_DISABLE_VLLM_PLUGIN": "1" if own else "0"}
-    cmd = [sys.executable, __file__, "--worker", path, "--rows", ",".join(rows)]
+    cmd = [sys.executable, __file__, "--worker", path, "--rows", ",".join(rows)] + (["--profile"] if profile else [])
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     name = "vLLM own" if own else "atom-core"
     if proc.returncode != 0:
@@ -91,13 +120,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--checkpoint", help="checkpoint dir (built once into the temp dir when absent)")
     ap.add_argument("--rows", default=",".join(ROWS))
+    ap.add_argument("--profile", action="store_true", help="also profile 8 batch-32 decode steps on each side")
     ap.add_argument("--worker", metavar="CHECKPOINT", help=argparse.SUPPRESS)
     args = ap.parse_args()
     rows = [r for r in args.rows.split(",") if r]
     if unknown := set(rows) - set(ROWS):
         raise SystemExit(f"unknown rows {sorted(unknown)}; choose from {ROWS}")
     if args.worker:
-        print(json.dumps(worker(args.worker, rows)))
+        print(json.dumps(worker(args.worker, rows, args.profile)))
         return
     import torch
 
@@ -105,8 +135,11 @@ def main() -> None:
     from native_gpu import checkpoint
 
     path = checkpoint(args.checkpoint)
-    own = run_side(path, rows, own=True)
-    ours = run_side(path, rows, own=False)
+    own = run_side(path, rows, own=True, profile=args.profile)
+    ours = run_side(path, rows, own=False, profile=args.profile)
+    for name, side in (("vLLM own", own), ("atom-core", ours)):
+        if "profile" in side:
+            print(f"profile, {name}: {side['profile']}")
     lines = [f"{datetime.date.today()} {torch.cuda.get_device_name()}; Qwen3-0.6B-shaped random checkpoint, bf16, "
              f"vLLM defaults; cudagraph mode: own {own['cudagraph_mode']}, atom-core {ours['cudagraph_mode']}",
              f"models: {own['model']} | {ours['model']}; startup s: own {own['startup_s']:.0f}, "
