@@ -24,6 +24,7 @@ import logging
 import torch
 
 from atom_kernels import dispatch, reference
+from atom_kernels.reference.attention import step_memo
 
 logger = logging.getLogger("vllm.atom_core")
 
@@ -51,13 +52,19 @@ def _fallback(reason: str) -> None:
                     "instead of vLLM's CPU attention kernels", reason)
 
 
-def _unsupported(k_cache: torch.Tensor, k_scale: torch.Tensor | None) -> str | None:
-    """Why vLLM's CPU kernels cannot serve this cache, or None."""
+@functools.cache
+def _unsupported(shape: tuple[int, ...], k_stride: tuple[int, ...], v_stride: tuple[int, ...], v_offset: int,
+                 dtype: torch.dtype, scaled: bool) -> str | None:
+    """Why vLLM's CPU kernels cannot serve a cache whose K/V pages ([blocks, kv_heads, block_size, head_dim]) have
+    these strides, V starting v_offset bytes after K; None when they can. Cached: every layer of a step asks twice."""
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
-    block_size, head_dim = k_cache.shape[1], k_cache.shape[3]
-    if k_scale is not None or k_cache.dtype not in _DTYPES:
-        return f"KV cache dtype {k_cache.dtype} (scaled {k_scale is not None}) is not one of {_DTYPES}"
+    _, heads, block_size, head_dim = shape
+    page = (heads * 2 * block_size * head_dim, 2 * block_size * head_dim, head_dim, 1)
+    if k_stride != page or v_stride != page or v_offset != block_size * head_dim * dtype.itemsize:
+        return "the KV cache is not vLLM's head-major page (layout LBHNC, K rows then V rows)"
+    if scaled or dtype not in _DTYPES:
+        return f"KV cache dtype {dtype} (scaled {scaled}) is not one of {_DTYPES}"
     if block_size % 32:
         return f"block size {block_size} is not a multiple of 32"
     if head_dim not in CPUAttentionBackend.get_supported_head_sizes():
@@ -68,13 +75,8 @@ def _unsupported(k_cache: torch.Tensor, k_scale: torch.Tensor | None) -> str | N
 def _pages(k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor | None):
     """The [blocks, kv_heads, block_size, head_dim] K and V views vLLM's kernels take, or None (reference)."""
     kc, vc = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
-    _, heads, block_size, head_dim = kc.shape
-    page = (heads * 2 * block_size * head_dim, 2 * block_size * head_dim, head_dim, 1)
-    if kc.stride() != page or vc.stride() != page or \
-            vc.data_ptr() != kc.data_ptr() + block_size * head_dim * kc.element_size():
-        _fallback("the KV cache is not vLLM's head-major page (layout LBHNC, K rows then V rows)")
-        return None
-    reason = _unsupported(k_cache, k_scale)
+    reason = _unsupported(tuple(kc.shape), kc.stride(), vc.stride(), vc.data_ptr() - kc.data_ptr(), kc.dtype,
+                          k_scale is not None)
     if reason is not None:
         _fallback(reason)
         return None
@@ -104,17 +106,13 @@ def _scheduler_metadata(plan_cache: dict | None, query, key_pages, seq_lens, que
     from vllm import envs
 
     heads, (_, kv_heads, block_size, head_dim) = query.shape[1], key_pages.shape
-    memo_key = ("vllm_cpu.scheduler_metadata", heads, kv_heads, head_dim, query.dtype, block_size, window)
-    sched = None if plan_cache is None else plan_cache.get(memo_key)
-    if sched is None:
-        sched = ops.cpu_attn_get_scheduler_metadata(
-            num_reqs=seq_lens.shape[0], num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
-            seq_lens=seq_lens, dtype=query.dtype, query_start_loc=query_start_loc, causal=True,
-            sliding_window_size=window, isa=_isa(query.dtype, block_size, head_dim),
-            enable_kv_split=envs.VLLM_CPU_ATTN_SPLIT_KV)
-        if plan_cache is not None:
-            plan_cache[memo_key] = sched
-    return sched
+    return step_memo(plan_cache, ("vllm_cpu.scheduler_metadata", heads, kv_heads, head_dim, query.dtype, block_size,
+                                  window),
+                     lambda: ops.cpu_attn_get_scheduler_metadata(
+                         num_reqs=seq_lens.shape[0], num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+                         seq_lens=seq_lens, dtype=query.dtype, query_start_loc=query_start_loc, causal=True,
+                         sliding_window_size=window, isa=_isa(query.dtype, block_size, head_dim),
+                         enable_kv_split=envs.VLLM_CPU_ATTN_SPLIT_KV))
 
 
 def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -50,16 +54,22 @@ def plan(block_tables, seq_lens, query_start_loc, block_size: int, sliding_windo
     return gathers
 
 
+def step_memo(plan_cache: dict | None, key, make: Callable[[], T]) -> T:
+    """make(), once per step: kept in `plan_cache` (the metadata's scratch, shared by every layer) under `key`
+    when given, made afresh otherwise."""
+    if plan_cache is None:
+        return make()
+    value = plan_cache.get(key)
+    if value is None:
+        value = plan_cache[key] = make()
+    return value
+
+
 def cached_plan(plan_cache: dict | None, op: str, block_tables, seq_lens, query_start_loc, block_size: int,
                 sliding_window: int | None) -> list[_Gather]:
-    """plan(...), made once per step and op: kept in `plan_cache` (the metadata's scratch) when given."""
-    key = (op, block_size, sliding_window)
-    gathers = None if plan_cache is None else plan_cache.get(key)
-    if gathers is None:
-        gathers = plan(block_tables, seq_lens, query_start_loc, block_size, sliding_window)
-        if plan_cache is not None:
-            plan_cache[key] = gathers
-    return gathers
+    """plan(...), made once per step and op."""
+    return step_memo(plan_cache, (op, block_size, sliding_window),
+                     lambda: plan(block_tables, seq_lens, query_start_loc, block_size, sliding_window))
 
 
 def paged_attention(
