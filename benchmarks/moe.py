@@ -20,10 +20,11 @@ that sync the host (reference, hf eager) are timed by the wall clock between syn
 those syncs). Goals: >= 0.6 of copy bandwidth
 at 1 and 32 tokens, >= 300 TFLOP/s at 4096.
 
-    python benchmarks/moe.py [--check] [--sweep] [--out FILE]
+    python benchmarks/moe.py [--check] [--sweep] [--profile] [--out FILE]
 
 --check first compares ours with the reference and with transformers' block (outside code) at every token count
 and stops on a mismatch. --sweep also times a few other tile configs per token count (to tune moe_config).
+--profile prints, per token count, the GPU time of each kernel of one call of ours (torch.profiler, mean of 20).
 """
 
 from __future__ import annotations
@@ -146,6 +147,23 @@ def copy_bandwidth() -> float:
     return 2 * COPY_BYTES / (summary(times["copy"], 3)[0] * 1e-3)
 
 
+def kernel_profile(fn, reps: int = 20) -> list[tuple[str, float]]:
+    """(kernel name, mean GPU us per call) of fn's kernels, in launch order."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    per_kernel: dict[str, float] = {}
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            per_kernel[ev.name] = per_kernel.get(ev.name, 0.0) + ev.device_time_total / reps
+    return list(per_kernel.items())
+
+
 def sweep_fns(x, w13, w2, weights, ids) -> dict:
     fns = {}
     for bm, up, down in SWEEP:
@@ -159,6 +177,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true")
     parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--profile", action="store_true")
     parser.add_argument("--out", help="also write the output here (default benchmarks/results/moe-<date>-<gpu>.txt)")
     args = parser.parse_args()
     lines: list[str] = []
@@ -199,6 +218,10 @@ def main() -> int:
             med[name], lo, hi = summary(ts, ROUNDS)
             say(f"  {name:24s} {med[name] * 1e3:10.1f} us  {touched / (med[name] * 1e-3) / copy_bw:5.2f} of copy bw  "
                 f"{flops / (med[name] * 1e-3) / 1e12:6.1f} TFLOP/s   rounds {lo * 1e3:.1f}..{hi * 1e3:.1f} us")
+        if args.profile:
+            kernels = kernel_profile(fns["ours"])
+            say(f"  ours by kernel ({sum(us for _, us in kernels):.1f} us of GPU time): "
+                + ", ".join(f"{name[:40]} {us:.1f}" for name, us in kernels))
         if args.sweep:
             w13, w2 = block.experts.gate_up_proj.detach(), block.experts.down_proj.detach()
             _, weights, _ = block.gate(x)
