@@ -5,6 +5,7 @@ and 4096 tokens. One transformers Qwen3MoeSparseMoeBlock holds the weights (rand
 routes the tokens (its own router: softmax, top-8, norm_topk_prob); every implementation uses those weights.
 Rows:
   ours                        atom_kernels' Triton fused_moe on the block's routing (experts only)
+  ours, CUDA graph            the same call replayed from a CUDA graph, as the native engine and vLLM run decode
   torch reference             atom_kernels.reference.fused_moe (experts only)
   hf experts eager            transformers' experts module, eager loop over experts (experts only; the default
                               of a block built from a config, i.e. _experts_implementation None)
@@ -59,6 +60,13 @@ SWEEP = [  # (block_m, up: (BLOCK_N, BLOCK_K, warps, stages), down: (...))
     (64, (128, 64, 8, 3), (128, 64, 4, 4)),
     (128, (64, 64, 8, 3), (128, 64, 8, 3)),
     (128, (128, 64, 8, 3), (256, 64, 8, 3)),
+    (128, (64, 64, 8, 4), (128, 128, 8, 3)),
+    (128, (64, 64, 8, 4), (256, 64, 8, 3)),
+    (128, (128, 64, 8, 3), (128, 64, 8, 4)),
+    (128, (64, 128, 8, 3), (128, 64, 8, 4)),
+    (128, (64, 64, 4, 4), (128, 64, 4, 4)),
+    (128, (64, 64, 8, 5), (128, 64, 8, 5)),
+    (64, (128, 64, 4, 4), (128, 128, 4, 3)),
 ]
 
 def make_block() -> torch.nn.Module:
@@ -84,6 +92,17 @@ def run_experts(block, x, ids, weights, impl: str | None):
     return block.experts(x, ids, weights)
 
 
+def graphed(fn):
+    """fn captured in a CUDA graph (as the engines run decode steps): replaying it launches its kernels
+    without per-kernel host work and with shorter gaps between them."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
 def implementations(block, x):
     _, weights, ids = block.gate(x)  # transformers' routing: weights [T, K] bf16, ids [T, K] int64
     w13, w2 = block.experts.gate_up_proj.detach(), block.experts.down_proj.detach()
@@ -94,6 +113,7 @@ def implementations(block, x):
 
     return ids, {
         "ours": lambda: fused_moe(x, w13, w2, weights, ids),
+        "ours, CUDA graph": graphed(lambda: fused_moe(x, w13, w2, weights, ids)),
         "torch reference": lambda: reference.fused_moe(x, w13, w2, weights, ids),
         "hf experts eager": lambda: run_experts(block, x, ids, weights, None),
         "hf experts grouped_mm": lambda: run_experts(block, x, ids, weights, "grouped_mm"),
@@ -178,6 +198,7 @@ def main() -> int:
     parser.add_argument("--check", action="store_true")
     parser.add_argument("--sweep", action="store_true")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--tokens", type=int, nargs="+", default=TOKENS, help="token counts (default: all four)")
     parser.add_argument("--out", help="also write the output here (default benchmarks/results/moe-<date>-<gpu>.txt)")
     args = parser.parse_args()
     lines: list[str] = []
@@ -199,7 +220,7 @@ def main() -> int:
     copy_bw = copy_bandwidth()
     say(f"device copy bandwidth: {copy_bw / 1e9:.0f} GB/s (read + write of a {COPY_BYTES >> 30} GiB copy)")
     rows = []
-    for t in TOKENS:
+    for t in args.tokens:
         x = torch.randn(t, H, device="cuda", dtype=torch.bfloat16)
         ids, fns = implementations(block, x)
         touched = ids.unique().numel() * 3 * H * INTER * 2
@@ -233,14 +254,16 @@ def main() -> int:
                 say(f"    {name}: {err}")
         rows.append((t, med, touched, flops))
         torch.cuda.empty_cache()
-    say("\n    T   ours us   bw frac  TFLOP/s   ours/ref  ours/hf-eager  ours/hf-grouped_mm  "
+    say("\n    T   ours us   bw frac  TFLOP/s  graph us  graph bw   ours/ref  ours/hf-eager  ours/hf-grouped_mm  "
         "(ours+router)/hf-block-grouped_mm")
     for t, med, touched, flops in rows:
         o = med.get("ours", float("nan"))
         ratio = {n: o / med[n] if n in med else float("nan") for n in
                  ("torch reference", "hf experts eager", "hf experts grouped_mm")}
         blk = med.get("ours + hf router", float("nan")) / med.get("hf block grouped_mm", float("nan"))
+        g = med.get("ours, CUDA graph", float("nan"))
         say(f"{t:5d} {o * 1e3:9.1f} {touched / (o * 1e-3) / copy_bw:9.2f} {flops / (o * 1e-3) / 1e12:8.1f} "
+            f"{g * 1e3:9.1f} {touched / (g * 1e-3) / copy_bw:9.2f} "
             f"{ratio['torch reference']:10.3f} {ratio['hf experts eager']:14.3f} "
             f"{ratio['hf experts grouped_mm']:19.3f} {blk:20.3f}")
     say("(ratios are time ours / time peer: below 1 means ours is faster)")

@@ -200,9 +200,11 @@ def margins(model32, prompts, ref, got) -> list[str]:
         k = next(j for j, (a, b) in enumerate(zip(r, g)) if a != b)
         logits = model32(torch.tensor([p + r[:k]], device=DEVICE)).logits[0, -1].float()
         top2 = logits.topk(2).values
+        # fp32 rank of each candidate (1 = the fp32 argmax): tells a near-tie from one side being wrong
+        rank_hf, rank_ours = ((logits > logits[c]).sum().item() + 1 for c in (r[k], g[k]))
         lines.append(f"  prompt {i}: diverges at token {k} (HF {r[k]}, ours {g[k]}): fp32 logit margin "
-                     f"{(logits[r[k]] - logits[g[k]]).abs().item():.4f} (fp32 top-2 gap "
-                     f"{(top2[0] - top2[1]).item():.4f}, logit std {logits.std().item():.3f})")
+                     f"{(logits[r[k]] - logits[g[k]]).abs().item():.4f}, fp32 ranks HF {rank_hf} ours {rank_ours} "
+                     f"(fp32 top-2 gap {(top2[0] - top2[1]).item():.4f}, logit std {logits.std().item():.3f})")
     return lines
 
 

@@ -10,9 +10,12 @@ Pairs whose id lies outside [0, E) are dropped (checking would need a host sync)
 
 No host sync and every size comes from shapes, so it is CUDA-graph capturable: max_blocks bounds the
 padded length, N + min(E, N) * (BLOCK_M - 1) (each non-empty expert pads by at most BLOCK_M - 1 rows).
-Three launches, all deterministic (no atomics): per-chunk histograms; one program that turns them into
-per-chunk offsets, expert starts, the block -> expert table and the padding sentinels; a scatter in which
-each pair's row is its expert's start + the pairs of its expert in earlier chunks + those earlier in its chunk.
+All deterministic (no atomics). Many pairs: three launches, per-chunk histograms; one program that turns
+them into per-chunk offsets, expert starts, the block -> expert table and the padding sentinels; a scatter in
+which each pair's row is its expert's start + the pairs of its expert in earlier chunks + those earlier in its
+chunk. Few pairs (decode, up to SMALL_CHUNKS chunks): the same arithmetic in ONE program that walks the chunks
+twice (histogram, then scatter with running per-expert counts), since at decode the launches, not the work,
+cost the time (three launches were ~9 us of a 61 us MoE layer on the H100).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import triton.language as tl
 from atom_kernels.triton._utils import check, pow2
 
 CHUNK = 128  # pairs per histogram / scatter program: the in-chunk rank is a [CHUNK, CHUNK] comparison
+SMALL_CHUNKS = 4  # up to this many chunks (512 pairs: 64 tokens at top-8) one program aligns them all
 
 
 @triton.jit
@@ -40,8 +44,20 @@ def _count_kernel(ids_ptr, counts_ptr, N, E, CHUNK: tl.constexpr, E_PAD: tl.cons
     c = tl.program_id(0)
     _, e = _load_ids(ids_ptr, c, N, E, CHUNK)
     ex = tl.arange(0, E_PAD)
-    hits = (e[:, None] == ex[None, :]).to(tl.int32)
-    tl.store(counts_ptr + c * E_PAD + ex, tl.sum(hits, axis=0))
+    tl.store(counts_ptr + c * E_PAD + ex, tl.sum(_hits(e, E_PAD), axis=0))
+
+
+@triton.jit
+def _hits(e, E_PAD: tl.constexpr):
+    """[CHUNK, E_PAD] int32 one-hot of each pair's expert (all zero for dropped pairs)."""
+    return (e[:, None] == tl.arange(0, E_PAD)[None, :]).to(tl.int32)
+
+
+@triton.jit
+def _rank_in_chunk(e, CHUNK: tl.constexpr):
+    """[CHUNK]: pairs of the same expert earlier in the chunk."""
+    r = tl.arange(0, CHUNK)
+    return tl.sum(((e[:, None] == e[None, :]) & (r[None, :] < r[:, None])).to(tl.int32), axis=1)
 
 
 @triton.jit
@@ -58,10 +74,18 @@ def _offsets_kernel(counts_ptr, starts_ptr, sorted_ptr, expert_ids_ptr, post_pad
         cnt = tl.load(ptrs, mask=cmask, other=0)
         tl.store(ptrs, tl.cumsum(cnt, axis=0) - cnt + total[None, :], mask=cmask)
         total += tl.sum(cnt, axis=0)
+    start = _layout(total, sorted_ptr, expert_ids_ptr, post_pad_ptr, sentinel, BLOCK_M, E_PAD, B_TILE)
+    tl.store(starts_ptr + ex, start)
+
+
+@triton.jit
+def _layout(total, sorted_ptr, expert_ids_ptr, post_pad_ptr, sentinel,
+            BLOCK_M: tl.constexpr, E_PAD: tl.constexpr, B_TILE: tl.constexpr):
+    """From the pairs per expert [E_PAD]: writes the rows in use, the padding sentinels and the block -> expert
+    table; returns each expert's first row [E_PAD]."""
     padded = (total + BLOCK_M - 1) // BLOCK_M * BLOCK_M
     end = tl.cumsum(padded, axis=0)
     start = end - padded
-    tl.store(starts_ptr + ex, start)
     rows_in_use = tl.sum(padded, axis=0)
     tl.store(post_pad_ptr, rows_in_use)
     # the < BLOCK_M sentinel rows that end each group, [E_PAD, 16] at a time (a whole [E_PAD, 128] tile spills)
@@ -73,6 +97,7 @@ def _offsets_kernel(counts_ptr, starts_ptr, sorted_ptr, expert_ids_ptr, post_pad
         b = b0 + tl.arange(0, B_TILE)
         expert = tl.sum((end[None, :] <= b[:, None] * BLOCK_M).to(tl.int32), axis=1)
         tl.store(expert_ids_ptr + b, expert, mask=b * BLOCK_M < rows_in_use)
+    return start
 
 
 @triton.jit
@@ -80,12 +105,27 @@ def _scatter_kernel(ids_ptr, offsets_ptr, starts_ptr, sorted_ptr, N, E, CHUNK: t
     # grid (num_chunks,): pair i goes to row starts[e] + offsets[c, e] + (earlier pairs of chunk c with expert e).
     c = tl.program_id(0)
     i, e = _load_ids(ids_ptr, c, N, E, CHUNK)
-    r = tl.arange(0, CHUNK)
-    earlier = (e[:, None] == e[None, :]) & (r[None, :] < r[:, None])
-    rank = tl.sum(earlier.to(tl.int32), axis=1)
     ok = e >= 0
     base = tl.load(starts_ptr + e, mask=ok, other=0) + tl.load(offsets_ptr + c * E_PAD + e, mask=ok, other=0)
-    tl.store(sorted_ptr + base + rank, i.to(tl.int32), mask=ok)
+    tl.store(sorted_ptr + base + _rank_in_chunk(e, CHUNK), i.to(tl.int32), mask=ok)
+
+
+@triton.jit
+def _align_one_program(ids_ptr, sorted_ptr, expert_ids_ptr, post_pad_ptr, N, E, num_chunks,
+                       BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, E_PAD: tl.constexpr, B_TILE: tl.constexpr):
+    # grid (1,): the three kernels above in one program, for a few chunks (the histogram pass re-reads the ids).
+    total = tl.zeros([E_PAD], tl.int32)
+    for c in range(num_chunks):
+        _, e = _load_ids(ids_ptr, c, N, E, CHUNK)
+        total += tl.sum(_hits(e, E_PAD), axis=0)
+    # next free row of each expert's group; a pair's base row is picked from it through its one-hot row
+    free = _layout(total, sorted_ptr, expert_ids_ptr, post_pad_ptr, N, BLOCK_M, E_PAD, B_TILE)
+    for c in range(num_chunks):
+        i, e = _load_ids(ids_ptr, c, N, E, CHUNK)
+        hits = _hits(e, E_PAD)
+        base = tl.sum(hits * free[None, :], axis=1)
+        tl.store(sorted_ptr + base + _rank_in_chunk(e, CHUNK), i.to(tl.int32), mask=e >= 0)
+        free += tl.sum(hits, axis=0)
 
 
 def max_blocks(num_pairs: int, num_experts: int, block_m: int) -> int:
@@ -105,11 +145,15 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int):
     blocks = max_blocks(n, num_experts, block_m)
     sorted_ids = torch.empty(blocks * block_m, dtype=torch.int32, device=dev)
     expert_ids = torch.empty(blocks, dtype=torch.int32, device=dev)
-    num_post_pad = torch.zeros(1, dtype=torch.int32, device=dev)
     if n == 0:
-        return sorted_ids, expert_ids, num_post_pad
+        return sorted_ids, expert_ids, torch.zeros(1, dtype=torch.int32, device=dev)
+    num_post_pad = torch.empty(1, dtype=torch.int32, device=dev)  # (written by the kernels: no memset launch)
     e_pad = pow2(num_experts, 16)
     chunks = triton.cdiv(n, CHUNK)
+    if chunks <= SMALL_CHUNKS:
+        _align_one_program[(1,)](topk_ids, sorted_ids, expert_ids, num_post_pad, n, num_experts, chunks,
+                                 BLOCK_M=block_m, CHUNK=CHUNK, E_PAD=e_pad, B_TILE=max(16, 4096 // e_pad))
+        return sorted_ids, expert_ids, num_post_pad
     offsets = torch.empty((chunks, e_pad), dtype=torch.int32, device=dev)
     starts = torch.empty(e_pad, dtype=torch.int32, device=dev)
     _count_kernel[(chunks,)](topk_ids, offsets, n, num_experts, CHUNK=CHUNK, E_PAD=e_pad)

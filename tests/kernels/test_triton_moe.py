@@ -128,8 +128,8 @@ def test_experts_no_token_picks(dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("t, k, e, block_m", [(1, 8, 128, 16), (3, 2, 8, 16), (257, 8, 128, 32), (4096, 8, 128, 128),
-                                              (1000, 1, 8, 64), (130, 4, 512, 16)])
+@pytest.mark.parametrize("t, k, e, block_m", [(1, 8, 128, 16), (3, 2, 8, 16), (64, 8, 128, 16), (257, 8, 128, 32),
+                                              (4096, 8, 128, 128), (1000, 1, 8, 64), (130, 4, 512, 16)])
 def test_moe_align_matches_its_contract(t, k, e, block_m):
     g = torch.Generator().manual_seed(t)
     topk_ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
@@ -193,7 +193,9 @@ def test_bad_arguments_are_named(bad, match):
 
 def interpreter_checks() -> None:
     """The GPU tests' checks at tiny shapes on CPU tensors (run with TRITON_INTERPRET=1)."""
-    for t, k, e, bm in [(1, 8, 128, 16), (3, 2, 8, 16), (300, 2, 4, 32), (17, 8, 64, 64)]:
+    # one-program align (up to 4 chunks of 128 pairs) and the three-kernel one, and both sides of the switch
+    for t, k, e, bm in [(1, 8, 128, 16), (3, 2, 8, 16), (300, 2, 4, 32), (17, 8, 64, 64), (64, 8, 128, 16),
+                        (65, 8, 16, 16)]:
         g = torch.Generator().manual_seed(t)
         check_align(torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]), e, bm)
     check_align(torch.tensor([[0, 8], [-1, 3], [3, 0]]), 8, 16)
