@@ -1,4 +1,5 @@
-"""fused_moe (Triton): the experts of a MoE layer as two grouped GEMMs over expert-aligned blocks of tokens.
+"""fused_moe (Triton): the experts of a MoE layer as two grouped GEMMs over expert-aligned blocks of tokens
+(below: from a few tokens per expert to prefill; fewer pairs than half the experts go to moe_gemv.py).
 
 Same contract and arithmetic as the torch reference (atom_kernels.reference.moe.fused_moe):
   1. moe_align groups the (token, k) pairs by expert into BLOCK_M-row blocks (moe_align.py), on the GPU;
@@ -28,23 +29,29 @@ import triton.language as tl
 from atom_kernels.reference.moe import check_moe_args
 from atom_kernels.triton._utils import FLOAT_DTYPES, check, check_dtype, check_same_device
 from atom_kernels.triton.moe_align import max_blocks, moe_align
+from atom_kernels.triton.moe_gemv import fused_moe_gemv
 
 
 def moe_config(num_tokens: int, top_k: int, num_experts: int, dtype: torch.dtype) -> dict:
-    """Tile config from the average rows per expert (known from shapes alone, so graph-safe).
-    Few rows (decode): every expert touched is one mostly-padded block and the GEMMs stream weights, so the
+    """Kernels and tiles from the average rows per expert (known from shapes alone, so graph-safe).
+    At most one pair per two experts (decode): the GEMV kernels (moe_gemv.py), no grouping; BLOCK_N rows of
+    BLOCK_K-wide tiles per program, narrow so even one pair spreads over every SM.
+    Few rows: every expert touched is one mostly-padded block and the GEMMs stream weights, so the
     tiles are narrow in N (many programs, several per SM, deep pipelines keep bytes in flight). Many rows
-    (prefill): compute-bound; 128-row blocks with 128-column tiles (gate + up: 2 x 64) feed the tensor cores
+    (prefill): compute-bound; 128-row blocks with 256-column tiles (gate + up: 2 x 128; down: 256) feed the tensor cores
     (wgmma on Hopper needs BLOCK_M >= 64), 4 stages hide the gathered row loads."""
     rows = num_tokens * top_k / num_experts
+    if rows <= 0.5:
+        bk = 128 if dtype == torch.float32 else 256
+        return dict(gemv=True, up=(16, bk, 4), down=(8, bk, 4))  # (BLOCK_N, BLOCK_K, num_warps)
     if rows <= 4:
         cfg = dict(block_m=16, up=(32, 128, 4, 4), down=(64, 128, 4, 4))
     elif rows <= 32:
         cfg = dict(block_m=32, up=(32, 128, 4, 4), down=(64, 128, 4, 4))
     elif rows <= 96:
         cfg = dict(block_m=64, up=(64, 64, 4, 4), down=(128, 64, 4, 4))
-    else:
-        cfg = dict(block_m=128, up=(64, 64, 8, 4), down=(128, 64, 8, 4))
+    else:  # (the fastest of benchmarks/moe.py --sweep at 4096 tokens on the H100: 986 us vs 1334 us for the next)
+        cfg = dict(block_m=128, up=(128, 64, 8, 3), down=(256, 64, 8, 3))
     if dtype == torch.float32:  # no tensor cores (exact fp32 products): <= 64-row blocks (128 spill registers),
         # twice the bytes per element: half the BLOCK_K, at most 3 stages
         cfg = {k: min(v, 64) if k == "block_m" else (v[0], v[1] // 2, v[2], min(v[3], 3)) for k, v in cfg.items()}
@@ -177,6 +184,8 @@ def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
     if t == 0:
         return out
     cfg = config or moe_config(t, top_k, num_experts, hidden.dtype)
+    if cfg.get("gemv"):
+        return fused_moe_gemv(hidden, w13, w2, topk_weights, topk_ids, cfg)
     block_m, pairs = cfg["block_m"], t * top_k
     sorted_ids, expert_ids, post_pad = moe_align(topk_ids, num_experts, block_m)
     num_m = max_blocks(pairs, num_experts, block_m)

@@ -151,8 +151,10 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int):
     e_pad = pow2(num_experts, 16)
     chunks = triton.cdiv(n, CHUNK)
     if chunks <= SMALL_CHUNKS:
-        _align_one_program[(1,)](topk_ids, sorted_ids, expert_ids, num_post_pad, n, num_experts, chunks,
-                                 BLOCK_M=block_m, CHUNK=CHUNK, E_PAD=e_pad, B_TILE=max(16, 4096 // e_pad))
+        chunk = min(CHUNK, pow2(n, 16))  # fewer pairs than a chunk: a smaller one-hot and rank tile
+        _align_one_program[(1,)](topk_ids, sorted_ids, expert_ids, num_post_pad, n, num_experts,
+                                 triton.cdiv(n, chunk), BLOCK_M=block_m, CHUNK=chunk, E_PAD=e_pad,
+                                 B_TILE=max(16, 4096 // e_pad), num_warps=8)
         return sorted_ids, expert_ids, num_post_pad
     offsets = torch.empty((chunks, e_pad), dtype=torch.int32, device=dev)
     starts = torch.empty(e_pad, dtype=torch.int32, device=dev)

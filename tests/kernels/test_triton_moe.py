@@ -147,9 +147,10 @@ def test_moe_align_drops_out_of_range_ids():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [F32, BF16], ids=dtype_ids)
-def test_cuda_graph_replay_with_other_routing(dtype):
+@pytest.mark.parametrize("t", [37, 2], ids=["blocks", "gemv"])
+def test_cuda_graph_replay_with_other_routing(t, dtype):
     """Captured once; replayed after new routing (other experts, other padded row count) is copied in."""
-    t, k, e, h, i = 37, 4, 32, 256, 96
+    k, e, h, i = 4, 32, 256, 96
     x, w13, w2, weights, routing = moe_inputs(t, k, e, h, i, dtype, 4, "cuda")
     fused_moe(x, w13, w2, weights, routing)  # compile outside the capture
     torch.cuda.synchronize()
@@ -205,6 +206,10 @@ def interpreter_checks() -> None:
         check_moe(40, 2, 8, 32, 16, dtype, "cpu", routing=one_expert_routing(40, 2, 8, hot=3, seed=2))
         check_moe(9, 2, 8, 32, 16, dtype, "cpu", routing=unused_expert_routing(9, 2, 8, {0, 7}, seed=3))
         check_moe(5, 2, 4, 64, 32, dtype, "cpu", config=moe_config(4096, 8, 4, dtype))  # the prefill tiles
+        gemv = moe_config(1, 1, 64, dtype)  # the decode GEMVs, whatever T; H not a multiple of BLOCK_K
+        check_moe(1, 1, 8, 32, 24, dtype, "cpu", config=gemv)
+        check_moe(6, 3, 8, 48, 40, dtype, "cpu", seed=4, config=gemv)
+        check_moe(5, 2, 8, 32, 16, dtype, "cpu", config=gemv, routing=one_expert_routing(5, 2, 8, hot=3, seed=2))
     print("interpreter checks passed")
 
 
