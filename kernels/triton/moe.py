@@ -39,7 +39,7 @@ def moe_config(num_tokens: int, top_k: int, num_experts: int, dtype: torch.dtype
     Few rows: every expert touched is one mostly-padded block and the GEMMs stream weights, so the
     tiles are narrow in N (many programs, several per SM, deep pipelines keep bytes in flight). Many rows
     (prefill): compute-bound; 128-row blocks with 256-column tiles (gate + up: 2 x 128; down: 256) feed the tensor cores
-    (wgmma on Hopper needs BLOCK_M >= 64), 4 stages hide the gathered row loads."""
+    (wgmma on Hopper needs BLOCK_M >= 64), 3-4 stages hide the gathered row loads."""
     rows = num_tokens * top_k / num_experts
     if rows <= 0.5:
         bk = 128 if dtype == torch.float32 else 256
