@@ -42,8 +42,8 @@ def moe_config(num_tokens: int, top_k: int, num_experts: int, dtype: torch.dtype
     (wgmma on Hopper needs BLOCK_M >= 64), 3-4 stages hide the gathered row loads."""
     rows = num_tokens * top_k / num_experts
     if rows <= 0.5:
-        bk = 128 if dtype == torch.float32 else 256
-        return dict(gemv=True, up=(16, bk, 4), down=(8, bk, 4))  # (BLOCK_N, BLOCK_K, num_warps)
+        bk = 128 if dtype == torch.float32 else 256  # down: a [top_k, BLOCK_N, BLOCK_K/2] tile per step
+        return dict(gemv=True, up=(16, bk, 4), down=(4, bk // 2, 4))  # (BLOCK_N, BLOCK_K, num_warps)
     if rows <= 4:
         cfg = dict(block_m=16, up=(32, 128, 4, 4), down=(64, 128, 4, 4))
     elif rows <= 32:
