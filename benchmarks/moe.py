@@ -16,7 +16,7 @@ Rows:
 Bandwidth: bytes of the expert weights the routing touches (experts hit x 3 x H x I x 2 bytes) / our time, as a
 fraction of the device's copy bandwidth measured in the same run (a 2 GiB device-to-device copy, counted as
 read + write bytes, i.e. DRAM traffic). TFLOP/s: 2 * T * K * 3 * H * I / time. Timing: attention_decode's
-gpu_times (CUDA events, a warm-up call, interleaved rounds, L2 flushed before each launch, median); implementations
+gpu_times (CUDA events, a warm-up call, interleaved rounds, L2 flushed by a read before each launch, median); implementations
 that sync the host (reference, hf eager) are timed by the wall clock between syncs instead (their times include
 those syncs). Goals: >= 0.6 of copy bandwidth
 at 1 and 32 tokens, >= 300 TFLOP/s at 4096.
@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 import transformers
 import triton
-from attention_decode import gpu_times, summary  # same timing method (benchmarks/ is on sys.path)
+from attention_decode import flush_l2, gpu_times, summary  # same timing method (benchmarks/ is on sys.path)
 from transformers.models.qwen3_moe import modeling_qwen3_moe as qm
 
 from atom_kernels import reference
@@ -149,7 +149,7 @@ def wall_times(fn, rounds: int = ROUNDS, reps: int = 3) -> list[float]:
     flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
     times = []
     for _ in range(rounds):
-        flush.zero_()
+        flush_l2(flush)
         torch.cuda.synchronize()
         t = time.perf_counter()
         for _ in range(reps):
