@@ -16,10 +16,9 @@ Rows:
 Bandwidth: bytes of the expert weights the routing touches (experts hit x 3 x H x I x 2 bytes) / our time, as a
 fraction of the device's copy bandwidth measured in the same run (a 2 GiB device-to-device copy, counted as
 read + write bytes, i.e. DRAM traffic). TFLOP/s: 2 * T * K * 3 * H * I / time. Timing: attention_decode's
-gpu_times (CUDA events, a warm-up call, interleaved rounds, L2 flushed by a read before each launch, median); implementations
-that sync the host (reference, hf eager) are timed by the wall clock between syncs instead (their times include
-those syncs). Goals: >= 0.6 of copy bandwidth
-at 1 and 32 tokens, >= 300 TFLOP/s at 4096.
+gpu_times (CUDA events, a warm-up call, interleaved rounds, L2 flushed by a read before each launch, median);
+implementations that sync the host (reference, hf eager) are timed by the wall clock between syncs instead
+(their times include those syncs). Goals: >= 0.6 of copy bandwidth at 1 and 32 tokens, >= 300 TFLOP/s at 4096.
 
     python benchmarks/moe.py [--check] [--sweep] [--profile] [--out FILE]
 
