@@ -164,6 +164,7 @@ def decode_config(num_seqs: int, kv_heads: int, max_seq_len: int, head_dim: int,
     return dict(num_splits=splits, block_n=block_n, num_warps=4, num_stages=3, v_regs=False)
 
 
+@functools.lru_cache(maxsize=4096)  # called per layer and step with few distinct arguments; the loop is Python
 def pick_splits(programs: int, slots: int, max_splits: int) -> int:
     """Split only to fill an under-occupied GPU; pick the count whose last wave wastes least.
 
