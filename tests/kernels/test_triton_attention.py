@@ -30,22 +30,23 @@ def ids(value):
 MIXED = [(1, 1), (37, 37), (100, 1), (200, 63), (513, 1), (65, 2), (16, 1), (3, 3)]
 
 
-def make_caches(num_blocks, block_size, kv_heads, d, dtype, layout):
+def make_caches(num_blocks, block_size, kv_heads, d, dtype, layout, device="cuda"):
     """NaN-filled K/V caches of logical shape [num_blocks, block_size, kv_heads, d] in a host's layout."""
     if layout == "vllm":  # [blocks, kv_heads, block_size, 2d], K then V on the last dim
-        raw = nan_tensor((num_blocks, kv_heads, block_size, 2 * d), dtype)
+        raw = nan_tensor((num_blocks, kv_heads, block_size, 2 * d), dtype, device)
         return raw[..., :d].transpose(1, 2), raw[..., d:].transpose(1, 2)
     if layout == "sglang":  # token pool [slots, kv_heads, d], i.e. block size 1
         assert block_size == 1
-        return tuple(nan_tensor((num_blocks, kv_heads, d), dtype).unsqueeze(1) for _ in range(2))
-    return tuple(nan_tensor((num_blocks, block_size, kv_heads, d), dtype) for _ in range(2))
+        return tuple(nan_tensor((num_blocks, kv_heads, d), dtype, device).unsqueeze(1) for _ in range(2))
+    return tuple(nan_tensor((num_blocks, block_size, kv_heads, d), dtype, device) for _ in range(2))
 
 
-def nan_tensor(shape, dtype):
-    return torch.full(shape, float("nan"), device="cuda").to(dtype)
+def nan_tensor(shape, dtype, device="cuda"):
+    return torch.full(shape, float("nan"), device=device).to(dtype)
 
 
-def make_batch(specs, heads, kv_heads, d, block_size, dtype, cache_dtype=None, layout="native", seed=0):
+def make_batch(specs, heads, kv_heads, d, block_size, dtype, cache_dtype=None, layout="native", seed=0,
+               device="cuda"):
     """specs: [(context_len, q_len)]. Random K/V for every context token written through the reference."""
     g = torch.Generator().manual_seed(seed)
     cache_dtype = cache_dtype or dtype
@@ -57,23 +58,23 @@ def make_batch(specs, heads, kv_heads, d, block_size, dtype, cache_dtype=None, l
     for i, n in enumerate(blocks):
         table[i, :n] = perm[start : start + n]
         start += n
-    kc, vc = make_caches(num_blocks, block_size, kv_heads, d, cache_dtype, layout)
+    kc, vc = make_caches(num_blocks, block_size, kv_heads, d, cache_dtype, layout, device)
     scales = (None, None)
     if cache_dtype == FP8:
-        scales = (torch.tensor(0.35, device="cuda"), torch.tensor(1.8, device="cuda"))
+        scales = (torch.tensor(0.35, device=device), torch.tensor(1.8, device=device))
     for i, (ctx, _) in enumerate(specs):
         pos = torch.arange(ctx)
-        slots = (table[i, pos // block_size].long() * block_size + pos % block_size).cuda()
-        k = torch.randn(ctx, kv_heads, d, generator=g).to(dtype).cuda()
-        v = torch.randn(ctx, kv_heads, d, generator=g).to(dtype).cuda()
+        slots = (table[i, pos // block_size].long() * block_size + pos % block_size).to(device)
+        k = torch.randn(ctx, kv_heads, d, generator=g).to(dtype).to(device)
+        v = torch.randn(ctx, kv_heads, d, generator=g).to(dtype).to(device)
         ref.write_kv_cache(k, v, kc, vc, slots, *scales)
     q_lens = [q for _, q in specs]
-    query = torch.randn(sum(q_lens), heads, d, generator=g).to(dtype).cuda()
-    qsl = torch.tensor([0] + q_lens, dtype=torch.int32).cumsum(0, dtype=torch.int32).cuda()
-    seq_lens = torch.tensor([ctx for ctx, _ in specs], dtype=torch.int32).cuda()
+    query = torch.randn(sum(q_lens), heads, d, generator=g).to(dtype).to(device)
+    qsl = torch.tensor([0] + q_lens, dtype=torch.int32).cumsum(0, dtype=torch.int32).to(device)
+    seq_lens = torch.tensor([ctx for ctx, _ in specs], dtype=torch.int32).to(device)
     hints = dict(max_query_len=max(q_lens), max_seq_len=max(c for c, _ in specs),
                  num_decodes=q_lens.count(1), num_prefills=len(q_lens) - q_lens.count(1))
-    return dict(query=query, k_cache=kc, v_cache=vc, block_tables=table.cuda(), seq_lens=seq_lens,
+    return dict(query=query, k_cache=kc, v_cache=vc, block_tables=table.to(device), seq_lens=seq_lens,
                 query_start_loc=qsl, k_scale=scales[0], v_scale=scales[1]), hints
 
 
