@@ -108,12 +108,15 @@ def _prefill_kernel(
 
 
 def prefill_config(max_query_len: int | None, head_dim: int, fp32: bool, group: int) -> dict:
-    """Tile sizes; block_m counts tile rows (query tokens x the GROUP heads of a KV head).
+    """Tile sizes; block_m counts tile rows, block_m // group query tokens x the group's heads.
 
     16-bit, head_dim <= 128: 128 rows x 64 keys, 8 warps, 3 stages (the Hopper forward config of Triton's
-    flash-attention tutorial; the per-head kernel ran 64 x 64 with 4 warps). float32 (IEEE dots, twice the
-    registers) and head_dim > 128: 32 x 32, 4 warps. Short query chunks shrink block_m to the rows they
-    fill (>= 16, the smallest dot); it never drops below GROUP rows, so a tile holds >= 1 token.
+    flash-attention tutorial; the per-head kernel ran 64 rows x 64 keys, 4 warps, 2 stages): 128 tokens for
+    MHA, 64 tokens x 2 heads for Qwen3-0.6B (16/8), 32 x 4 for Llama-3-8B (32/8), 16 x 8. float32 (IEEE dots,
+    twice the registers) and head_dim > 128: 32 rows x 32 keys, 4 warps, 2 stages. Short query chunks
+    shrink block_m to the rows they fill (>= 16, the smallest dot, 4 warps below 128 rows); it never drops
+    below the group, so a tile holds >= 1 token. Not yet tuned on a GPU: benchmarks/attention_prefill.py
+    sweeps the alternatives.
     """
     small = fp32 or head_dim > 128
     block_m = 32 if small else 128
