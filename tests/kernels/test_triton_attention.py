@@ -266,16 +266,16 @@ def test_step_buffer_slices_compile_once():
     from tests.kernels.test_triton_fused import _inputs
     from tests.kernels.test_triton_norm_rope_act import ROPE_TOL
 
-    kc, vc = make_caches(64, 16, 8, 128, BF16, "native")
+    kc, vc = make_caches(64, 16, 8, 128, F32, "native")
     kernels = (_rotary_kernel, _write_kv_kernel, _fused_kernel)
     before = None
     for i, t in enumerate((5, 1, 2, 3, 16, 17)):
-        positions, q, k, v, wq, wk, cos_sin = _inputs(t, 16, 8, 128, BF16, seed=t)
+        positions, q, k, v, wq, wk, cos_sin = _inputs(t, 16, 8, 128, F32, seed=t)
         pos = shifted(positions, i % 2)
         slots = shifted(torch.randperm(64 * 16, device="cuda")[:t], i % 2)
         want_q, want_k = ref.rotary(positions.cpu(), q.cpu(), k.cpu(), cos_sin.cpu())
         got_q, got_k = rotary(pos, q, k, cos_sin)
-        torch.testing.assert_close((got_q.cpu(), got_k.cpu()), (want_q, want_k), **ROPE_TOL[BF16])
+        torch.testing.assert_close((got_q.cpu(), got_k.cpu()), (want_q, want_k), **ROPE_TOL[F32])
         write_kv_cache(k, v, kc, vc, slots)
         fused_qk_norm_rope_write_kv(pos, q, k, v, wq, wk, 1e-6, cos_sin, kc, vc, slots)
         counts = [compiled(kern) for kern in kernels]
