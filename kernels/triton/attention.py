@@ -65,7 +65,8 @@ def paged_attention(
     # one-token first chunk to the prefill kernel.
     run_decode = num_decodes is None or num_decodes > 0 or max_query_len == 1
     if max_query_len is None or max_query_len > 1:
-        cfg = prefill_config(max_query_len, query.shape[2], query.dtype == torch.float32)
+        group = query.shape[1] // k_cache.shape[2]
+        cfg = prefill_config(max_query_len, query.shape[2], query.dtype == torch.float32, group)
         launch_prefill(*args, skip_decodes=run_decode, **cfg)
     if run_decode:
         longest = max_seq_len if max_seq_len is not None else block_tables.shape[1] * k_cache.shape[1]

@@ -31,8 +31,10 @@ from atom_kernels.triton._utils import pow2
 from atom_kernels.triton.attention_common import attend_tile, load_block_ids, load_kv_tile
 
 
-# window is never specialized: as a compile-time 1 it would turn the mask logic into Python bools.
-@triton.jit(do_not_specialize=["window"])
+# Not specialized: window (a compile-time 1 would turn the mask logic into Python bools), and what changes step
+# to step (num_splits, the block table's row stride, the addresses of slices of the host's step buffers), which
+# Triton would otherwise compile a variant for per value equal to 1 / divisible by 16 or per 16-byte alignment.
+@triton.jit(do_not_specialize=["window", "num_splits", "s_bt", "qsl_ptr", "seq_lens_ptr", "bt_ptr"])
 def _decode_kernel(
     q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, k_scale_ptr, v_scale_ptr, out_ptr, po_ptr, plse_ptr,
     qk_scale, window, num_splits,
@@ -110,7 +112,7 @@ def _decode_kernel(
         tl.store(out, o.to(out_ptr.dtype.element_ty), mask=qg_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits", "qsl_ptr"])  # as in _decode_kernel
 def _merge_kernel(
     qsl_ptr, po_ptr, plse_ptr, out_ptr, num_splits, so_t, so_h, so_d, HEAD_DIM, NUM_HEADS,
     S_PAD: tl.constexpr, D_PAD: tl.constexpr,

@@ -35,7 +35,8 @@ def _norm_rope_heads(x_ptr, t, sx_t, sx_h, heads, w_ptr, eps, cos, sin, d, partn
     return apply_rope(xn, xpn, cos, sin, d, HALF, ROT, OUT_DTYPE), h, mask
 
 
-@triton.jit
+# Not specialized on alignment: positions and slot mapping, slices of a host's step buffers (see rotary, kv_cache).
+@triton.jit(do_not_specialize=["pos_ptr", "slot_ptr"])
 def _fused_kernel(
     pos_ptr, q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cache_ptr, qo_ptr, kc_ptr, vc_ptr, slot_ptr,
     k_scale_ptr, v_scale_ptr, eps,

@@ -34,7 +34,9 @@ def store_kv_row(k, v, slot, kc_ptr, vc_ptr, k_scale_ptr, v_scale_ptr,
     tl.store(vp, v.to(vc_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+# slot_ptr is not specialized on its 16-byte alignment: it may be a slice of a host's step buffer at an offset
+# that changes with the token count (a recompile mid-serving), and feeds one scalar load.
+@triton.jit(do_not_specialize=["slot_ptr"])
 def _write_kv_kernel(
     k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, k_scale_ptr, v_scale_ptr,
     sk_t, sk_h, sk_d, sv_t, sv_h, sv_d,

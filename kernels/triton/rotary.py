@@ -55,7 +55,9 @@ def _rope_heads(x_ptr, o_ptr, t, sx_t, sx_h, heads, cos, sin, d, partner, HEAD_D
     tl.store(out, y.to(o_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+# pos_ptr is not specialized on its 16-byte alignment: the native runner's positions are a slice of its step
+# buffer at an offset of 8 * num_tokens bytes (a recompile whenever the parity of the token count changes).
+@triton.jit(do_not_specialize=["pos_ptr"])
 def _rotary_kernel(
     pos_ptr, q_ptr, k_ptr, qo_ptr, ko_ptr, cache_ptr,
     sq_t, sq_h, sk_t, sk_h, s_pos, q_heads, k_heads, HEAD_DIM, HALF, ROT,

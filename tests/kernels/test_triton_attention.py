@@ -15,7 +15,8 @@ pytest.importorskip("triton")
 from atom_kernels import reference as ref  # noqa: E402  (after the triton skip)
 from atom_kernels.triton.attention import paged_attention  # noqa: E402
 from atom_kernels.triton.attention_common import softmax_scale  # noqa: E402
-from atom_kernels.triton.attention_decode import launch_decode  # noqa: E402
+from atom_kernels.triton.attention_decode import _decode_kernel, _merge_kernel, launch_decode  # noqa: E402
+from atom_kernels.triton.attention_prefill import _prefill_kernel, launch_prefill, prefill_config  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 F32, BF16, F16, FP8 = torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn
@@ -28,24 +29,27 @@ def ids(value):
     return NAMES.get(value) if isinstance(value, torch.dtype) else None
 # (context length, new tokens): first-chunk prefills, decodes, chunks over a cached prefix.
 MIXED = [(1, 1), (37, 37), (100, 1), (200, 63), (513, 1), (65, 2), (16, 1), (3, 3)]
+# Prefills spanning several query tiles of every config, over cached prefixes, odd lengths.
+LONG = [(700, 300), (257, 257), (1000, 129), (5, 1), (90, 2)]
 
 
-def make_caches(num_blocks, block_size, kv_heads, d, dtype, layout):
+def make_caches(num_blocks, block_size, kv_heads, d, dtype, layout, device="cuda"):
     """NaN-filled K/V caches of logical shape [num_blocks, block_size, kv_heads, d] in a host's layout."""
     if layout == "vllm":  # [blocks, kv_heads, block_size, 2d], K then V on the last dim
-        raw = nan_tensor((num_blocks, kv_heads, block_size, 2 * d), dtype)
+        raw = nan_tensor((num_blocks, kv_heads, block_size, 2 * d), dtype, device)
         return raw[..., :d].transpose(1, 2), raw[..., d:].transpose(1, 2)
     if layout == "sglang":  # token pool [slots, kv_heads, d], i.e. block size 1
         assert block_size == 1
-        return tuple(nan_tensor((num_blocks, kv_heads, d), dtype).unsqueeze(1) for _ in range(2))
-    return tuple(nan_tensor((num_blocks, block_size, kv_heads, d), dtype) for _ in range(2))
+        return tuple(nan_tensor((num_blocks, kv_heads, d), dtype, device).unsqueeze(1) for _ in range(2))
+    return tuple(nan_tensor((num_blocks, block_size, kv_heads, d), dtype, device) for _ in range(2))
 
 
-def nan_tensor(shape, dtype):
-    return torch.full(shape, float("nan"), device="cuda").to(dtype)
+def nan_tensor(shape, dtype, device="cuda"):
+    return torch.full(shape, float("nan"), device=device).to(dtype)
 
 
-def make_batch(specs, heads, kv_heads, d, block_size, dtype, cache_dtype=None, layout="native", seed=0):
+def make_batch(specs, heads, kv_heads, d, block_size, dtype, cache_dtype=None, layout="native", seed=0,
+               device="cuda"):
     """specs: [(context_len, q_len)]. Random K/V for every context token written through the reference."""
     g = torch.Generator().manual_seed(seed)
     cache_dtype = cache_dtype or dtype
@@ -57,23 +61,23 @@ def make_batch(specs, heads, kv_heads, d, block_size, dtype, cache_dtype=None, l
     for i, n in enumerate(blocks):
         table[i, :n] = perm[start : start + n]
         start += n
-    kc, vc = make_caches(num_blocks, block_size, kv_heads, d, cache_dtype, layout)
+    kc, vc = make_caches(num_blocks, block_size, kv_heads, d, cache_dtype, layout, device)
     scales = (None, None)
     if cache_dtype == FP8:
-        scales = (torch.tensor(0.35, device="cuda"), torch.tensor(1.8, device="cuda"))
+        scales = (torch.tensor(0.35, device=device), torch.tensor(1.8, device=device))
     for i, (ctx, _) in enumerate(specs):
         pos = torch.arange(ctx)
-        slots = (table[i, pos // block_size].long() * block_size + pos % block_size).cuda()
-        k = torch.randn(ctx, kv_heads, d, generator=g).to(dtype).cuda()
-        v = torch.randn(ctx, kv_heads, d, generator=g).to(dtype).cuda()
+        slots = (table[i, pos // block_size].long() * block_size + pos % block_size).to(device)
+        k = torch.randn(ctx, kv_heads, d, generator=g).to(dtype).to(device)
+        v = torch.randn(ctx, kv_heads, d, generator=g).to(dtype).to(device)
         ref.write_kv_cache(k, v, kc, vc, slots, *scales)
     q_lens = [q for _, q in specs]
-    query = torch.randn(sum(q_lens), heads, d, generator=g).to(dtype).cuda()
-    qsl = torch.tensor([0] + q_lens, dtype=torch.int32).cumsum(0, dtype=torch.int32).cuda()
-    seq_lens = torch.tensor([ctx for ctx, _ in specs], dtype=torch.int32).cuda()
+    query = torch.randn(sum(q_lens), heads, d, generator=g).to(dtype).to(device)
+    qsl = torch.tensor([0] + q_lens, dtype=torch.int32).cumsum(0, dtype=torch.int32).to(device)
+    seq_lens = torch.tensor([ctx for ctx, _ in specs], dtype=torch.int32).to(device)
     hints = dict(max_query_len=max(q_lens), max_seq_len=max(c for c, _ in specs),
                  num_decodes=q_lens.count(1), num_prefills=len(q_lens) - q_lens.count(1))
-    return dict(query=query, k_cache=kc, v_cache=vc, block_tables=table.cuda(), seq_lens=seq_lens,
+    return dict(query=query, k_cache=kc, v_cache=vc, block_tables=table.to(device), seq_lens=seq_lens,
                 query_start_loc=qsl, k_scale=scales[0], v_scale=scales[1]), hints
 
 
@@ -103,27 +107,54 @@ def check(got, want, dtype):
     torch.testing.assert_close(got.cpu().float(), want.float(), rtol=TOL[dtype], atol=TOL[dtype])
 
 
+# GQA groups 1 (MHA), 2 (Qwen3-0.6B: 16/8), 3 and 7 (not powers of two), 4 (Llama-3-8B: 32/8), 8.
 @pytest.mark.parametrize("dtype, heads, kv_heads, d, block_size", [
     (F32, 8, 8, 64, 16), (F32, 16, 2, 128, 1), (BF16, 16, 8, 128, 16), (BF16, 16, 2, 64, 32),
     (BF16, 8, 1, 128, 1), (BF16, 12, 12, 80, 5), (F16, 16, 2, 64, 16), (F16, 32, 4, 128, 7),
+    (BF16, 32, 8, 128, 16), (F16, 12, 4, 64, 16), (BF16, 28, 4, 128, 16), (F32, 16, 4, 64, 3),
 ], ids=ids)
 def test_mixed_prefill_decode_batch(dtype, heads, kv_heads, d, block_size):
     b, hints = make_batch(MIXED, heads, kv_heads, d, block_size, dtype, seed=heads + d + block_size)
     check(run(b, hints), expected(b), dtype)
 
 
-@pytest.mark.parametrize("dtype, block_size, window", [
-    (BF16, 16, 7), (BF16, 1, 64), (F32, 16, 33), (F16, 3, 1)], ids=ids)
-def test_sliding_window(dtype, block_size, window):
-    b, hints = make_batch(MIXED, 16, 8, 128, block_size, dtype, seed=window)
+@pytest.mark.parametrize("dtype, block_size, window, heads, kv_heads", [
+    (BF16, 16, 7, 16, 8), (BF16, 1, 64, 16, 8), (F32, 16, 33, 16, 8), (F16, 3, 1, 16, 8), (BF16, 16, 100, 32, 8),
+    (F16, 16, 9, 8, 8), (BF16, 8, 33, 28, 4)], ids=ids)
+def test_sliding_window(dtype, block_size, window, heads, kv_heads):
+    b, hints = make_batch(MIXED, heads, kv_heads, 128, block_size, dtype, seed=window)
     check(run(b, hints, window), expected(b, window), dtype)
 
 
-@pytest.mark.parametrize("dtype, block_size, layout", [(BF16, 16, "native"), (BF16, 1, "native"),
-                                                      (F16, 16, "vllm"), (F32, 8, "native")], ids=ids)
-def test_fp8_kv_cache_with_scales(dtype, block_size, layout):
-    b, hints = make_batch(MIXED, 16, 2, 128, block_size, dtype, FP8, layout, seed=block_size)
+@pytest.mark.parametrize("dtype, block_size, layout, heads, kv_heads", [
+    (BF16, 16, "native", 16, 2), (BF16, 1, "native", 16, 2), (F16, 16, "vllm", 16, 2), (F32, 8, "native", 16, 2),
+    (BF16, 16, "native", 32, 8), (F16, 16, "vllm", 12, 4)], ids=ids)
+def test_fp8_kv_cache_with_scales(dtype, block_size, layout, heads, kv_heads):
+    b, hints = make_batch(MIXED, heads, kv_heads, 128, block_size, dtype, FP8, layout, seed=block_size)
     check(run(b, hints), expected(b), dtype)
+
+
+@pytest.mark.parametrize("dtype, heads, kv_heads, window", [
+    (BF16, 16, 16, 0), (BF16, 16, 8, 0), (BF16, 32, 8, 0), (BF16, 16, 2, 0), (F16, 32, 8, 0), (F32, 16, 4, 0),
+    (BF16, 16, 8, 200), (BF16, 32, 8, 77), (F16, 28, 4, 0)], ids=ids)
+def test_long_prefills_over_prefixes(dtype, heads, kv_heads, window):
+    """Several query tiles per sequence at the op's own tile config, per GQA group."""
+    b, hints = make_batch(LONG, heads, kv_heads, 128, 16, dtype, seed=heads + window)
+    check(run(b, hints, window or None), expected(b, window or None), dtype)
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=ids)
+@pytest.mark.parametrize("heads, kv_heads", [(8, 8), (16, 8), (32, 8), (28, 4), (16, 1)])
+def test_every_prefill_tile_config(dtype, heads, kv_heads):
+    """Each tile config prefill_config can pick (short chunks to long prompts) on the same batch."""
+    b, _ = make_batch(LONG, heads, kv_heads, 128, 16, dtype, seed=heads)
+    want = expected(b)
+    group = heads // kv_heads
+    for max_query_len in (2, 5, 40, 4096):
+        cfg = prefill_config(max_query_len, 128, dtype == F32, group)
+        out = torch.full_like(b["query"], float("nan"))
+        launch_prefill(*positional(b)[:-1], softmax_scale(128**-0.5), 0, None, None, out, skip_decodes=False, **cfg)
+        check(out, want, dtype)
 
 
 @pytest.mark.parametrize("dtype, layout, block_size", [
@@ -189,3 +220,64 @@ def test_launcher_rejects_bad_arguments():
         paged_attention(*args[:5], b["query_start_loc"][:1], args[6])
     with pytest.raises(ValueError, match="k_scale and v_scale"):
         paged_attention(*args, k_scale=torch.ones((), device="cuda"))
+
+
+def compiled(kernel) -> int:
+    """How many variants of a Triton kernel this process compiled for the current GPU."""
+    return len(kernel.device_caches[torch.cuda.current_device()][0])
+
+
+def shifted(t: torch.Tensor, offset: int) -> torch.Tensor:
+    """t's values in a view `offset` elements into a new buffer: the address alignment of a slice of a host's
+    step buffer, which moves with the batch's sizes."""
+    buf = torch.empty(t.numel() + offset, dtype=t.dtype, device=t.device)
+    view = buf[offset:].view(t.shape)
+    view.copy_(t)
+    return view
+
+
+def test_step_varying_args_compile_once():
+    """Batches of 1, 2, 3, 16, 17 sequences (block tables of other widths, metadata at every alignment) reuse
+    the kernels compiled for the first: Triton specializes ints equal to 1 or divisible by 16 and 16-byte
+    aligned pointers unless told not to, which recompiled kernels mid-serving."""
+    qk_scale = softmax_scale(128**-0.5)
+    kernels = (_prefill_kernel, _decode_kernel, _merge_kernel)
+    before = None
+    for i, n in enumerate((5, 1, 2, 3, 16, 17)):
+        specs = [(40 + 37 * j, 1 if j % 2 else 9 + j) for j in range(n)]
+        b, _ = make_batch(specs, 16, 8, 128, 16, BF16, seed=n)
+        meta = [shifted(b[k], i % 4) for k in ("block_tables", "seq_lens", "query_start_loc")]
+        args = (b["query"], b["k_cache"], b["v_cache"], *meta, qk_scale, 0, None, None)
+        out = torch.full_like(b["query"], float("nan"))
+        launch_prefill(*args, out, skip_decodes=True, block_m=64, block_n=64, num_warps=4, num_stages=2)
+        launch_decode(*args, out, 9 if i % 2 else 16, 64, 4, 2)  # both 16 rows of partials in the merge
+        check(out, expected(b), BF16)
+        counts = [compiled(k) for k in kernels]
+        before = before or counts
+        assert counts == before, f"batch of {n}: compiled variants {counts}, after the first batch {before}"
+
+
+def test_step_buffer_slices_compile_once():
+    """rotary, write_kv_cache and the fused qk-norm-rope write read positions / slot mapping sliced from a
+    host's step buffer: every token count and alignment reuses one compiled kernel."""
+    from atom_kernels.triton.fused_qk_norm_rope import _fused_kernel, fused_qk_norm_rope_write_kv
+    from atom_kernels.triton.kv_cache import _write_kv_kernel, write_kv_cache
+    from atom_kernels.triton.rotary import _rotary_kernel, rotary
+    from tests.kernels.test_triton_fused import _inputs
+    from tests.kernels.test_triton_norm_rope_act import ROPE_TOL
+
+    kc, vc = make_caches(64, 16, 8, 128, F32, "native")
+    kernels = (_rotary_kernel, _write_kv_kernel, _fused_kernel)
+    before = None
+    for i, t in enumerate((5, 1, 2, 3, 16, 17)):
+        positions, q, k, v, wq, wk, cos_sin = _inputs(t, 16, 8, 128, F32, seed=t)
+        pos = shifted(positions, i % 2)
+        slots = shifted(torch.randperm(64 * 16, device="cuda")[:t], i % 2)
+        want_q, want_k = ref.rotary(positions.cpu(), q.cpu(), k.cpu(), cos_sin.cpu())
+        got_q, got_k = rotary(pos, q, k, cos_sin)
+        torch.testing.assert_close((got_q.cpu(), got_k.cpu()), (want_q, want_k), **ROPE_TOL[F32])
+        write_kv_cache(k, v, kc, vc, slots)
+        fused_qk_norm_rope_write_kv(pos, q, k, v, wq, wk, 1e-6, cos_sin, kc, vc, slots)
+        counts = [compiled(kern) for kern in kernels]
+        before = before or counts
+        assert counts == before, f"{t} tokens: compiled variants {counts}, after the first call {before}"

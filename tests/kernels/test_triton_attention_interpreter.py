@@ -1,0 +1,75 @@
+"""The Triton prefill kernel (and the op around it) vs the torch reference under Triton's CPU interpreter.
+
+Tiny shapes on CPU tensors, in a subprocess (TRITON_INTERPRET is read at import). float32 and float16 only
+(the interpreter of triton 3.6 multiplies bf16 tiles as raw int16 bits), fp8 K/V with scales. The GPU tests
+(test_triton_attention.py) cover the compiled kernels at larger shapes.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from atom_kernels.triton.attention import paged_attention  # noqa: E402  (after the triton skip)
+from atom_kernels.triton.attention_common import softmax_scale  # noqa: E402
+from atom_kernels.triton.attention_prefill import launch_prefill  # noqa: E402
+from tests.kernels.test_triton_attention import check, expected, make_batch, positional  # noqa: E402
+
+F32, F16, FP8 = torch.float32, torch.float16, torch.float8_e4m3fn
+D, BLOCK_SIZE = 16, 4
+# (context length, new tokens): a first-chunk prefill, chunks over a cached prefix (one spanning two query
+# tiles of 16 rows even at GROUP 1), a decode row, a one-token first chunk.
+SPECS = [(13, 13), (41, 19), (9, 1), (7, 2), (1, 1)]
+# (query heads, kv heads): GROUP 1 (MHA), 2, 3 (not a power of two: spare tile rows), 4, 8.
+HEADS = [(2, 2), (4, 2), (6, 2), (4, 1), (8, 1)]
+
+
+def check_prefill(heads, kv_heads, dtype, cache_dtype=None, window=0, layout="native", seed=0) -> None:
+    """launch_prefill alone (every sequence, 1-token ones too) with 16 x 16 tiles, so a tile holds 16 / GROUP
+    tokens and long queries span several tiles; then the public op (prefill + decode kernels, its own tiles)."""
+    b, hints = make_batch(SPECS, heads, kv_heads, D, BLOCK_SIZE, dtype, cache_dtype, layout, seed, device="cpu")
+    want = expected(b, window or None)
+    out = torch.full_like(b["query"], float("nan"))
+    launch_prefill(*positional(b)[:-1], softmax_scale(D**-0.5), window, b["k_scale"], b["v_scale"], out,
+                   skip_decodes=False, block_m=16, block_n=16, num_warps=4, num_stages=2)
+    check(out, want, dtype)
+    out = torch.full_like(b["query"], float("nan"))
+    paged_attention(*positional(b), sliding_window=window or None, k_scale=b["k_scale"], v_scale=b["v_scale"],
+                    out=out, **hints)
+    check(out, want, dtype)
+
+
+def interpreter_checks() -> None:
+    """Run with TRITON_INTERPRET=1 on a machine without a GPU."""
+    for heads, kv_heads in HEADS:
+        for dtype in (F32, F16):
+            check_prefill(heads, kv_heads, dtype, seed=heads + kv_heads)
+    for window in (1, 5, 16):
+        check_prefill(6, 2, F32, window=window, seed=window)
+        check_prefill(2, 2, F16, window=window, seed=window)
+    for dtype in (F32, F16):
+        check_prefill(4, 2, dtype, FP8, seed=3)
+        check_prefill(8, 1, dtype, FP8, window=5, seed=4)
+    check_prefill(4, 1, F32, layout="vllm", seed=5)  # strided K/V halves of one [blocks, kv_heads, bs, 2d]
+    print("interpreter checks passed")
+
+
+@pytest.mark.slow
+def test_prefill_under_the_interpreter():
+    """The checks above in a subprocess. The interpreter of triton 3.6 cannot run loops with runtime bounds
+    under numpy >= 2.4."""
+    np = pytest.importorskip("numpy")
+    if tuple(int(p) for p in np.__version__.split(".")[:2]) >= (2, 4):
+        pytest.skip(f"triton's interpreter fails on runtime loop bounds with numpy {np.__version__} (< 2.4 works)")
+    code = "from tests.kernels.test_triton_attention_interpreter import interpreter_checks; interpreter_checks()"
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "interpreter checks passed" in done.stdout
