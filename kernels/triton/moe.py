@@ -75,7 +75,7 @@ def _block_pairs(sorted_ptr, expert_ids_ptr, pid_m, num_pairs, BLOCK_M: tl.const
     return pair, pair < num_pairs, tl.load(expert_ids_ptr + pid_m).to(tl.int64)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs", "num_m"])  # token counts: no recompiles per step
 def _gate_up_kernel(x_ptr, w_ptr, sorted_ptr, expert_ids_ptr, post_pad_ptr, act_ptr,
                     num_pairs, top_k, H, INTER, num_m, sx, sw_e, sw_n, sw_k,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
@@ -115,7 +115,7 @@ def _gate_up_kernel(x_ptr, w_ptr, sorted_ptr, expert_ids_ptr, post_pad_ptr, act_
     tl.store(out, (silu * up).to(dtype), mask=valid[:, None] & (cols < INTER)[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs", "num_m"])  # token counts: no recompiles per step
 def _down_kernel(act_ptr, w_ptr, sorted_ptr, expert_ids_ptr, post_pad_ptr, weights_ptr, y_ptr,
                  num_pairs, H, INTER, num_m, sw_e, sw_n, sw_k,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,

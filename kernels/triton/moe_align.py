@@ -27,6 +27,8 @@ import triton.language as tl
 from atom_kernels.triton._utils import check, pow2
 
 CHUNK = 128  # pairs per histogram / scatter program: the in-chunk rank is a [CHUNK, CHUNK] comparison
+# Pair and chunk counts change step to step: never specialized (a count of 1 or a multiple of 16 would
+# otherwise compile another variant mid-serving).
 SMALL_CHUNKS = 4  # up to this many chunks (512 pairs: 64 tokens at top-8) one program aligns them all
 
 
@@ -38,7 +40,7 @@ def _load_ids(ids_ptr, chunk, N, E, CHUNK: tl.constexpr):
     return i, tl.where((e >= 0) & (e < E), e, -1)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N"])
 def _count_kernel(ids_ptr, counts_ptr, N, E, CHUNK: tl.constexpr, E_PAD: tl.constexpr):
     # grid (num_chunks,): counts[c, e] = pairs of chunk c routed to expert e; counts is [num_chunks, E_PAD].
     c = tl.program_id(0)
@@ -60,7 +62,7 @@ def _rank_in_chunk(e, CHUNK: tl.constexpr):
     return tl.sum(((e[:, None] == e[None, :]) & (r[None, :] < r[:, None])).to(tl.int32), axis=1)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_chunks", "sentinel"])
 def _offsets_kernel(counts_ptr, starts_ptr, sorted_ptr, expert_ids_ptr, post_pad_ptr, num_chunks, E, sentinel,
                     BLOCK_M: tl.constexpr, E_PAD: tl.constexpr, C_TILE: tl.constexpr, B_TILE: tl.constexpr):
     # One program. counts [num_chunks, E_PAD] becomes, in place, each chunk's offset inside its expert's group
@@ -100,7 +102,7 @@ def _layout(total, sorted_ptr, expert_ids_ptr, post_pad_ptr, sentinel,
     return start
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N"])
 def _scatter_kernel(ids_ptr, offsets_ptr, starts_ptr, sorted_ptr, N, E, CHUNK: tl.constexpr, E_PAD: tl.constexpr):
     # grid (num_chunks,): pair i goes to row starts[e] + offsets[c, e] + (earlier pairs of chunk c with expert e).
     c = tl.program_id(0)
@@ -110,7 +112,7 @@ def _scatter_kernel(ids_ptr, offsets_ptr, starts_ptr, sorted_ptr, N, E, CHUNK: t
     tl.store(sorted_ptr + base + _rank_in_chunk(e, CHUNK), i.to(tl.int32), mask=ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N", "num_chunks"])
 def _align_one_program(ids_ptr, sorted_ptr, expert_ids_ptr, post_pad_ptr, N, E, num_chunks,
                        BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, E_PAD: tl.constexpr, B_TILE: tl.constexpr):
     # grid (1,): the three kernels above in one program, for a few chunks (the histogram pass re-reads the ids).
