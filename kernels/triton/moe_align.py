@@ -10,6 +10,8 @@ Pairs whose id lies outside [0, E) are dropped (checking would need a host sync)
 
 No host sync and every size comes from shapes, so it is CUDA-graph capturable: max_blocks bounds the
 padded length, N + min(E, N) * (BLOCK_M - 1) (each non-empty expert pads by at most BLOCK_M - 1 rows).
+Pair and chunk counts change step to step, so the kernels never specialize on them (a count of 1 or a
+multiple of 16 would otherwise compile another variant mid-serving).
 All deterministic (no atomics). Many pairs: three launches, per-chunk histograms; one program that turns
 them into per-chunk offsets, expert starts, the block -> expert table and the padding sentinels; a scatter in
 which each pair's row is its expert's start + the pairs of its expert in earlier chunks + those earlier in its
@@ -27,8 +29,6 @@ import triton.language as tl
 from atom_kernels.triton._utils import check, pow2
 
 CHUNK = 128  # pairs per histogram / scatter program: the in-chunk rank is a [CHUNK, CHUNK] comparison
-# Pair and chunk counts change step to step: never specialized (a count of 1 or a multiple of 16 would
-# otherwise compile another variant mid-serving).
 SMALL_CHUNKS = 4  # up to this many chunks (512 pairs: 64 tokens at top-8) one program aligns them all
 
 
