@@ -110,22 +110,19 @@ def _prefill_kernel(
 def prefill_config(max_query_len: int | None, head_dim: int, fp32: bool, group: int) -> dict:
     """Tile sizes; block_m counts tile rows, block_m // group query tokens x the group's heads.
 
-    16-bit, head_dim <= 128: 128 rows x 64 keys, 8 warps, 3 stages (the Hopper forward config of Triton's
-    flash-attention tutorial; the per-head kernel ran 64 rows x 64 keys, 4 warps, 2 stages): 128 tokens for
-    MHA, 64 tokens x 2 heads for Qwen3-0.6B (16/8), 32 x 4 for Llama-3-8B (32/8), 16 x 8. float32 (IEEE dots,
-    twice the registers) and head_dim > 128: 32 rows x 32 keys, 4 warps, 2 stages. Short query chunks
-    shrink block_m to the rows they fill (>= 16, the smallest dot, 4 warps below 128 rows); it never drops
-    below the group, so a tile holds >= 1 token. Not yet tuned on a GPU: benchmarks/attention_prefill.py
-    sweeps the alternatives.
+    16-bit, head_dim <= 128: 128 rows x 32 keys, 4 warps, 3 stages: 128 tokens for MHA, 64 tokens x 2 heads
+    for Qwen3-0.6B (16/8), 32 x 4 for Llama-3-8B (32/8), 16 x 8. The fastest of benchmarks/attention_prefill.py's
+    sweep on the H100 on 7 of its 8 shapes (5-20% ahead of 128 x 64 keys at 8 warps, Triton's Hopper tutorial
+    config; 6% behind it on Qwen3-0.6B 1 x 4096). float32 (IEEE dots, twice the registers) and head_dim > 128:
+    32 rows x 32 keys, 4 warps, 2 stages. Short query chunks shrink block_m to the rows they fill (>= 16, the
+    smallest dot); it never drops below the group, so a tile holds >= 1 token.
     """
     small = fp32 or head_dim > 128
     block_m = 32 if small else 128
     if max_query_len is not None:
         block_m = min(block_m, pow2(max_query_len * group, 16))
     block_m = max(block_m, pow2(group))
-    block_n = 32 if small else 64
-    warps = 8 if block_m >= 128 else 4
-    return dict(block_m=block_m, block_n=block_n, num_warps=warps, num_stages=2 if small else 3)
+    return dict(block_m=block_m, block_n=32, num_warps=4, num_stages=2 if small else 3)
 
 
 def launch_prefill(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, qk_scale, window,
