@@ -58,7 +58,7 @@ def mla_attention(query, cache, block_tables, seq_lens, query_start_loc, scale, 
     # first chunk to the prefill kernel.
     run_decode = num_decodes is None or num_decodes > 0 or max_query_len == 1
     if max_query_len is None or max_query_len > 1:
-        cfg = mla_prefill_config(max_query_len, query.shape[1], query.dtype)
+        cfg = mla_prefill_config(max_query_len, query.shape[1], kv_lora_rank, query.dtype)
         launch_mla_prefill(query, cache, block_tables, seq_lens, query_start_loc, qk_scale, kv_lora_rank,
                            cache_scale, out, skip_decodes=run_decode, **cfg)
     if run_decode:

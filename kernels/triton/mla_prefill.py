@@ -74,17 +74,20 @@ def _mla_prefill_kernel(
     tl.store(out, o.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & (c < R)[None, :])
 
 
-def mla_prefill_config(max_query_len: int | None, num_heads: int, query_dtype) -> dict:
-    """M = BLOCK_T * BLOCK_H query rows a program: 64 (16-bit), 16 (float32: IEEE dots, twice the registers);
-    up to 16 heads a program, fewer tokens for short chunks."""
-    rows = 16 if query_dtype == torch.float32 else 64
+def mla_prefill_config(max_query_len: int | None, num_heads: int, kv_lora_rank: int, query_dtype) -> dict:
+    """M = BLOCK_T * BLOCK_H query rows a program, up to 16 heads, fewer tokens for short chunks. The float32
+    accumulator [M, R_PAD] bounds M: 64 rows for a small latent, 32 (at 8 warps: 64 registers a thread) for
+    512, 16 for float32 queries (IEEE dots, twice the registers)."""
+    fp32 = query_dtype == torch.float32
+    wide = pow2(kv_lora_rank, 16) > 128
+    rows = 16 if fp32 else (32 if wide else 64)
     block_h = min(pow2(num_heads), 16, rows)
     block_t = rows // block_h
     if max_query_len is not None:
         block_t = min(block_t, pow2(max_query_len))
     block_t = max(block_t, 16 // block_h)  # tl.dot needs M >= 16
-    return dict(block_t=block_t, block_h=block_h, block_n=16 if query_dtype == torch.float32 else 32,
-                num_warps=4, num_stages=1 if query_dtype == torch.float32 else 2)
+    return dict(block_t=block_t, block_h=block_h, block_n=16 if fp32 else 32,
+                num_warps=8 if wide and not fp32 else 4, num_stages=1 if fp32 else 2)
 
 
 def launch_mla_prefill(query, cache, block_tables, seq_lens, query_start_loc, qk_scale, kv_lora_rank, cache_scale,

@@ -283,6 +283,7 @@ def interpreter_checks() -> None:
             check_mla(small, heads, r, rope, 4, dtype, "cpu")
             check_mla(mixed, heads, r, rope, 5, dtype, "cpu", seed=1)
             check_mla(mixed, heads, r, rope, 1, dtype, "cpu", with_hints=False, seed=2)
+    check_mla(mixed, 4, 512, 64, 16, F16, "cpu", seed=4)  # the real latent's tile configs
     check_mla(small, 4, 32, 16, 4, F16, "cpu", cache_dtype=FP8)
     check_mla(mixed, 4, 32, 16, 4, F16, "cpu", cache_dtype=FP8, seed=3)
     for block_h, splits in ((16, 1), (16, 3), (32, 8)):  # the split + merge path, some splits empty
