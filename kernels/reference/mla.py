@@ -105,8 +105,8 @@ def mla_kv_indices(block_tables: torch.Tensor, seq_lens: torch.Tensor, block_siz
 
 def mla_decode_buffers(max_num_seqs: int, max_blocks: int, device) -> MLADecodeMetadata:
     """Persistent buffers for every step of up to max_num_seqs sequences of up to max_blocks blocks."""
-    return MLADecodeMetadata(torch.zeros(max_num_seqs + 1, dtype=torch.int32, device=device),
-                             torch.zeros(max_num_seqs * max_blocks, dtype=torch.int32, device=device))
+    return MLADecodeMetadata(torch.empty(max_num_seqs + 1, dtype=torch.int32, device=device),
+                             torch.empty(max_num_seqs * max_blocks, dtype=torch.int32, device=device))
 
 
 def mla_decode_metadata(block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int,
