@@ -14,7 +14,10 @@ Goals: >= 0.8 of copy bandwidth; fp8 <= 0.6 of bf16 time. With 128 heads the dec
 of bf16 latent: at ~2.8 TB/s that is ~700 TFLOP/s, near the H100's dense bf16 peak, so that case is
 compute-bound (the TFLOP/s column says how close).
 
-    python benchmarks/mla_decode.py [--out FILE]
+    python benchmarks/mla_decode.py [--sweep] [--out FILE]
+
+--sweep also times a grid of decode launch configs (heads per program, tile rows, stages, splits) per case,
+to tune mla_decode_config (compiles ~100 kernels: minutes).
 
 Timing: attention_decode.gpu_times (interleaved rounds, L2 flushed before each launch, reps queued behind a
 GPU sleep); median of all reps.
@@ -40,6 +43,7 @@ from atom_kernels.triton.attention_decode import num_sms, pick_splits
 from atom_kernels.triton.mla_decode import PROGRAMS_PER_SM, launch_mla_decode, mla_decode_config
 
 SHAPES = [(64, 4096), (128, 2048), (16, 16384)]
+DEVICE = "cuda"
 HEADS = (16, 128)
 R, ROPE, BLOCK = 512, 64, 16
 FP8 = torch.float8_e4m3fn
@@ -51,7 +55,7 @@ SCALE = (128 + ROPE) ** -0.5  # DeepSeek's qk_head_dim 192
 
 def copy_bandwidth() -> float:
     """Device copy bandwidth in bytes/s, counting read + write."""
-    src = torch.empty(COPY_BYTES, dtype=torch.uint8, device="cuda")
+    src = torch.empty(COPY_BYTES, dtype=torch.uint8, device=DEVICE)
     dst = torch.empty_like(src)
     times, _ = gpu_times({"copy": lambda: dst.copy_(src)}, 3, 10)
     return 2 * COPY_BYTES / (summary(times["copy"], 3)[0] * 1e-3)
@@ -59,10 +63,10 @@ def copy_bandwidth() -> float:
 
 def paged_latent(b: int, seq: int, g: torch.Generator):
     """Contiguous latent [b, seq, 576] (bf16) and the same rows in a paged cache with shuffled blocks."""
-    lat = torch.randn(b, seq, R + ROPE, device="cuda", dtype=torch.bfloat16, generator=g)
+    lat = torch.randn(b, seq, R + ROPE, device=DEVICE, dtype=torch.bfloat16, generator=g)
     per_seq = seq // BLOCK
-    perm = torch.randperm(b * per_seq, device="cuda", generator=g)
-    cache = torch.empty(b * per_seq, BLOCK, R + ROPE, device="cuda", dtype=torch.bfloat16)
+    perm = torch.randperm(b * per_seq, device=DEVICE, generator=g)
+    cache = torch.empty(b * per_seq, BLOCK, R + ROPE, device=DEVICE, dtype=torch.bfloat16)
     cache[perm] = lat.view(b * per_seq, BLOCK, R + ROPE)
     return lat, cache, perm.view(b, per_seq).to(torch.int32)
 
@@ -76,15 +80,39 @@ def ours(q, cache, tables, seq_lens, qsl, seq, scale=None):
                                               **hints)
 
 
-def with_block_h(q, cache, tables, seq_lens, qsl, seq, block_h, scale=None):
-    """Our decode kernel with BLOCK_H forced (other settings as mla_decode_config picks for that head count)."""
+def with_config(q, cache, tables, seq_lens, qsl, seq, block_h, scale=None, **forced):
+    """Our decode kernel with BLOCK_H (and any other launch setting) forced; the rest as mla_decode_config picks
+    them, the split count for the number of head groups."""
     meta = mla_decode_metadata(tables, seq_lens, BLOCK)
     cfg = mla_decode_config(q.shape[0], q.shape[1], seq, q.device, q.dtype)
     programs = q.shape[0] * triton.cdiv(q.shape[1], block_h)
     splits = pick_splits(programs, PROGRAMS_PER_SM * num_sms(q.device), triton.cdiv(seq, 256))
     cfg.update(block_h=block_h, num_warps=4 if block_h <= 16 else 8, num_splits=splits)
+    cfg.update(forced)
     out = q.new_empty(*q.shape[:2], R)
     return lambda: launch_mla_decode(q, cache, *meta, seq_lens, qsl, softmax_scale(SCALE), R, scale, out, **cfg)
+
+
+def sweep(q, caches, tables, seq_lens, qsl, seq, nbytes) -> list[str]:
+    """--sweep: a grid of decode launch configs per cache dtype, fastest first (8 lines each)."""
+    lines = []
+    for dt, (cache, scale) in caches.items():
+        fns = {}
+        for bh in (b for b in (16, 32, 64) if b <= triton.next_power_of_2(q.shape[1])):
+            for bn in (16, 32, 64):
+                for stages in (1, 2, 3):
+                    for mult in (1, 2):  # the split count with_config picks, and twice that
+                        n = pick_splits(q.shape[0] * triton.cdiv(q.shape[1], bh), PROGRAMS_PER_SM * num_sms(q.device),
+                                        triton.cdiv(seq, 256))
+                        fns[f"block_h={bh} block_n={bn} stages={stages} splits={n * mult}"] = with_config(
+                            q, cache, tables, seq_lens, qsl, seq, bh, scale, block_n=bn, num_stages=stages,
+                            num_splits=n * mult)
+        timed, failed = gpu_times(fns, 2, 10)
+        ranked = sorted((summary(ts, 2)[0], n) for n, ts in timed.items())
+        lines.append(f"  sweep {dt} (fastest first, median of 2 x 10): " + ("" if not failed else
+                     f"{len(failed)} configs failed ({', '.join(sorted(set(failed.values())))})"))
+        lines += [f"    {n:48s} {t * 1e3:8.1f} us {nbytes[dt] / (t * 1e-3) / 1e9:6.0f} GB/s" for t, n in ranked[:8]]
+    return lines
 
 
 def torch_bmm(q, lat):
@@ -104,6 +132,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="also write the output here (default: benchmarks/results/"
                         "mla_decode-<date>-<gpu>.txt)")
+    parser.add_argument("--sweep", action="store_true", help="also time a grid of decode launch configs")
     args = parser.parse_args()
     lines: list[str] = []
 
@@ -117,23 +146,23 @@ def main() -> int:
         f"x {REPS} launches, L2 flushed before each")
     copy_bw = copy_bandwidth()
     say(f"device copy bandwidth: {copy_bw / 1e9:.0f} GB/s (read + write of a {COPY_BYTES >> 30} GiB copy)")
-    g = torch.Generator(device="cuda").manual_seed(0)
-    ones = torch.ones((), device="cuda")
+    g = torch.Generator(device=DEVICE).manual_seed(0)
+    ones = torch.ones((), device=DEVICE)
     rows = []
     for b, seq in SHAPES:
         lat, cache, tables = paged_latent(b, seq, g)
         cache8 = cache.to(FP8)
-        seq_lens = torch.full((b,), seq, dtype=torch.int32, device="cuda")
-        qsl = torch.arange(b + 1, dtype=torch.int32, device="cuda")
+        seq_lens = torch.full((b,), seq, dtype=torch.int32, device=DEVICE)
+        qsl = torch.arange(b + 1, dtype=torch.int32, device=DEVICE)
         for heads in HEADS:
-            q = torch.randn(b, heads, R + ROPE, device="cuda", dtype=torch.bfloat16, generator=g) * 0.5
+            q = torch.randn(b, heads, R + ROPE, device=DEVICE, dtype=torch.bfloat16, generator=g) * 0.5
             fns = {"ours bf16": ours(q, cache, tables, seq_lens, qsl, seq),
                    "ours fp8": ours(q, cache8, tables, seq_lens, qsl, seq, ones),
                    "torch bmm bf16": torch_bmm(q, lat)}
             for bh in (16, 32, 64):
                 if bh <= triton.next_power_of_2(heads):
-                    fns[f"BLOCK_H={bh} bf16"] = with_block_h(q, cache, tables, seq_lens, qsl, seq, bh)
-                    fns[f"BLOCK_H={bh} fp8"] = with_block_h(q, cache8, tables, seq_lens, qsl, seq, bh, ones)
+                    fns[f"BLOCK_H={bh} bf16"] = with_config(q, cache, tables, seq_lens, qsl, seq, bh)
+                    fns[f"BLOCK_H={bh} fp8"] = with_config(q, cache8, tables, seq_lens, qsl, seq, bh, ones)
             ref_bytes = b * seq * (R + ROPE) * 4 * (heads + 2)
             ref_note = f"reference skipped: ~{ref_bytes / 2**30:.0f} GiB of float32 copies > {REF_BYTES >> 30} GiB"
             if ref_bytes <= REF_BYTES:
@@ -163,6 +192,10 @@ def main() -> int:
                 bw = nbytes[dt] / (t * 1e-3)
                 say(f"  {n:18s} {t * 1e3:9.1f} us {bw / 1e9:7.0f} GB/s {bw / copy_bw:5.2f} of copy "
                     f"{flops / (t * 1e-3) / 1e12:6.1f} TFLOP/s")
+            if args.sweep:
+                for line in sweep(q, {"bf16": (cache, None), "fp8": (cache8, ones)}, tables, seq_lens, qsl, seq,
+                                  nbytes):
+                    say(line)
             best = {dt: min((t, n) for n, t in med.items() if n.startswith("BLOCK_H") and dt in n) for dt in
                     ("bf16", "fp8") if any(n.startswith("BLOCK_H") and dt in n for n in med)}
             rows.append((b, seq, heads, med, nbytes, flops, best))

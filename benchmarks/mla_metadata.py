@@ -30,12 +30,13 @@ from atom_kernels.reference.mla import MLA_BUFFERS_KEY, mla_decode_buffers, mla_
 BATCHES = (1, 32, 256)
 BLOCK, WIDTH, MAX_SEQS = 16, 512, 256  # 8192 / 16 blocks a table row
 HOST_STEPS, GPU_STEPS = 2000, 200
+DEVICE = "cuda"
 
 
 def inputs(batch: int, g: torch.Generator):
     seq_lens = torch.randint(1, 4097, (batch,), generator=g, dtype=torch.int32)
     tables = torch.randint(0, 100_000, (batch, WIDTH), generator=g, dtype=torch.int32)
-    return tables.cuda(), seq_lens.cuda()
+    return tables.to(DEVICE), seq_lens.to(DEVICE)
 
 
 def step_fn(tables, seq_lens, buffers):
@@ -85,7 +86,7 @@ def main() -> int:
     say(f"mla_metadata {datetime.date.today()} {gpu}, torch {torch.__version__}, triton {triton.__version__}")
     say(f"block size {BLOCK}, table width {WIDTH}, context 1..4096; host: {HOST_STEPS} builds, GPU: {GPU_STEPS}")
     g = torch.Generator().manual_seed(0)
-    buffers = mla_decode_buffers(MAX_SEQS, WIDTH, "cuda")
+    buffers = mla_decode_buffers(MAX_SEQS, WIDTH, DEVICE)
     rows = []
     for batch in BATCHES:
         tables, seq_lens = inputs(batch, g)
@@ -93,8 +94,8 @@ def main() -> int:
         a, b = persistent(), rebuilt()
         total = int(a.kv_indptr[-1])
         assert torch.equal(a.kv_indptr, b.kv_indptr) and torch.equal(a.kv_indices[:total], b.kv_indices[:total])
-        positions = torch.zeros(batch, dtype=torch.int64, device="cuda")
-        pos_buffer = torch.empty(MAX_SEQS, dtype=torch.int64, device="cuda")[:batch]
+        positions = torch.zeros(batch, dtype=torch.int64, device=DEVICE)
+        pos_buffer = torch.empty(MAX_SEQS, dtype=torch.int64, device=DEVICE)[:batch]
         copy = gpu_us(lambda: pos_buffer.copy_(positions))  # noqa: B023 - called at once, inside this iteration
         times = {"persistent": (host_us(persistent), gpu_us(persistent)),
                  "rebuilt": (host_us(rebuilt), gpu_us(rebuilt))}

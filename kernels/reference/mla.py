@@ -97,10 +97,11 @@ def mla_kv_indices(block_tables: torch.Tensor, seq_lens: torch.Tensor, block_siz
     pages = (seq_lens.long() + block_size - 1) // block_size  # [S]
     kv_indptr[:1].zero_()
     torch.cumsum(pages, 0, dtype=kv_indptr.dtype, out=kv_indptr[1:])
-    width = block_tables.shape[1]
-    keep = torch.arange(width, device=pages.device) < pages[:, None]  # [S, W]
-    dest = kv_indptr[:-1, None].long() + torch.arange(width, device=pages.device)  # [S, W]
-    kv_indices[dest[keep]] = block_tables[keep].to(kv_indices.dtype)
+    keep = torch.arange(block_tables.shape[1], device=pages.device) < pages[:, None]  # [S, W]
+    # Each row's live entries are a prefix, so the row-major selection is the CSR concatenation. (masked_select:
+    # boolean-mask indexing of this 2-D table took milliseconds on CPU.)
+    live = torch.masked_select(block_tables, keep)
+    kv_indices[: live.numel()] = live.to(kv_indices.dtype)
 
 
 def mla_decode_buffers(max_num_seqs: int, max_blocks: int, device) -> MLADecodeMetadata:
