@@ -136,3 +136,21 @@ def test_buffers_too_small_for_a_step_are_named():
                                                                torch.zeros(1, dtype=torch.int32))
     with pytest.raises(ValueError, match="MLA decode buffers for 0 sequences"):
         mla_decode_metadata(md.block_tables, md.seq_lens, BLOCK, md.scratch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("persistent", ["1", "0"], ids=["persistent", "rebuilt"])
+@pytest.mark.parametrize("enforce_eager", [False, True], ids=["graphs", "eager"])
+def test_deepseek_decode_step_syncs_only_to_read_tokens(checkpoint_factory, monkeypatch, enforce_eager, persistent):
+    """The MLA decode metadata (refilled or rebuilt), the latent write and the MLA kernels add no host sync to a
+    decode step: the only one left is the sampler reading the tokens."""
+    from atom_frontends.native import LLM
+    from tests.frontends.native.test_gpu_sync import sync_sites_per_step
+
+    monkeypatch.setenv("ATOM_USE_PERSISTENT_MLA_DECODE_METADATA", persistent)
+    llm = LLM(checkpoint_factory("DeepseekV3ForCausalLM"), dtype="bfloat16", num_kv_blocks=256, max_num_seqs=4,
+              enforce_eager=enforce_eager)
+    assert (llm.engine.runner.graphs is None) == enforce_eager
+    assert (llm.engine.runner.inputs.mla_buffers is not None) == (persistent == "1")
+    for sites in sync_sites_per_step(llm, steps=5):
+        assert sites and all(s.startswith("sampler.py") and ".tolist()" in s for s in sites), sites
