@@ -134,7 +134,9 @@ def check_kv_indices(seqs, block, device, width_extra=3, seed=0):
 @pytest.mark.parametrize("heads", [16, 128])
 @pytest.mark.parametrize("r, rope", [(512, 64), (24, 8)])
 def test_decode_and_prefill_match_reference(r, rope, heads, dtype):
-    for block in (16, 1, 5):  # vLLM/native 16, SGLang's token pool, odd pages crossed inside tiles
+    # vLLM/native 16, SGLang's token pool, odd pages crossed inside tiles (each block size compiles anew: the
+    # small latent takes all three)
+    for block in (16, 1, 5) if r < 128 else (16,):
         check_mla(DECODES, heads, r, rope, block, dtype, "cuda")
         check_mla(MIXED, heads, r, rope, block, dtype, "cuda", seed=1)
 
