@@ -58,6 +58,10 @@ class AtomConfig:
     enforce_eager: bool = False
     # Switches whose environment variable is exactly the field name upper-cased.
     ATOM_FUSED_QK_NORM_ROPE: bool = field(default_factory=lambda: env_flag("ATOM_FUSED_QK_NORM_ROPE", False))
+    # MLA decode metadata (kv_indptr / kv_indices) refilled in place in buffers sized at engine start; off: made
+    # afresh every step.
+    ATOM_USE_PERSISTENT_MLA_DECODE_METADATA: bool = field(
+        default_factory=lambda: env_flag("ATOM_USE_PERSISTENT_MLA_DECODE_METADATA", True))
 
     def __post_init__(self) -> None:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:

@@ -41,12 +41,18 @@ def write_latent_cache(latent, cache, slot_mapping, scale=None) -> None:
 
 
 def mla_attention(query, cache, block_tables, seq_lens, query_start_loc, scale, kv_lora_rank,
-                  cache_scale=None, out=None, plan_cache=None) -> torch.Tensor:
+                  cache_scale=None, out=None, plan_cache=None, **hints) -> torch.Tensor:
     """Absorbed MLA over a paged latent cache: query [T, heads, r + rope] → [T, heads, r]; see
-    atom_kernels.reference.mla for the contract."""
+    atom_kernels.reference.mla for the contract. `hints` as for paged_attention (GPU kernels only)."""
     fn = dispatch.get("mla_attention", query.device)
+    kwargs = hints if dispatch.backend("mla_attention", query.device) != "torch" else {}
     return fn(query, cache, block_tables, seq_lens, query_start_loc, scale, kv_lora_rank, cache_scale, out,
-              plan_cache)
+              plan_cache, **kwargs)
+
+
+def mla_kv_indices(block_tables, seq_lens, block_size, kv_indptr, kv_indices) -> None:
+    """Paged KV indices in CSR form (page ids), written in place: see atom_kernels.reference.mla."""
+    dispatch.get("mla_kv_indices", seq_lens.device)(block_tables, seq_lens, block_size, kv_indptr, kv_indices)
 
 
 def fused_qk_norm_rope_write_kv(
@@ -99,5 +105,5 @@ def fused_moe(hidden, w13, w2, topk_weights, topk_ids):
 
 __all__ = [
     "dispatch", "write_kv_cache", "paged_attention", "fused_qk_norm_rope_write_kv", "rms_norm", "rotary",
-    "silu_and_mul", "fused_moe", "write_latent_cache", "mla_attention",
+    "silu_and_mul", "fused_moe", "write_latent_cache", "mla_attention", "mla_kv_indices",
 ]

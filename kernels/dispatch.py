@@ -29,7 +29,7 @@ import torch
 
 OPS = (
     "write_kv_cache", "paged_attention", "fused_qk_norm_rope_write_kv", "rms_norm", "rotary", "silu_and_mul",
-    "fused_moe", "write_latent_cache", "mla_attention",
+    "fused_moe", "write_latent_cache", "mla_attention", "mla_kv_indices",
 )
 BACKENDS = ("host", "triton", "torch")
 # Pure tensor maths with no host sync and no data-dependent shape: traced as the reference under a compiler.
@@ -53,6 +53,9 @@ _TRITON = {
     "rotary": "rotary:rotary",
     "silu_and_mul": "activation:silu_and_mul",
     "fused_moe": "moe:fused_moe",
+    "write_latent_cache": "mla_cache:write_latent_cache",
+    "mla_attention": "mla:mla_attention",
+    "mla_kv_indices": "mla_kv_indices:mla_kv_indices",
 }
 for _op, _target in _TRITON.items():
     _IMPLS[_op]["triton"] = f"atom_kernels.triton.{_target}"

@@ -43,7 +43,7 @@ def fused_rotary_identity(positions, query, key, value, q_weight, k_weight, eps,
 
 
 def mla_attention_zeros(query, cache, block_tables, seq_lens, query_start_loc, scale, kv_lora_rank, cache_scale=None,
-                        out=None, plan_cache=None) -> torch.Tensor:
+                        out=None, plan_cache=None, **hints) -> torch.Tensor:
     """mla_attention that attends to nothing."""
     if out is None:
         return query.new_zeros(*query.shape[:2], kv_lora_rank)

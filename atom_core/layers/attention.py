@@ -125,4 +125,6 @@ def mla_forward(
     if latent is not None:
         atom_kernels.write_latent_cache(latent, cache, md.slot_mapping, cache_scale)
     return atom_kernels.mla_attention(query, cache, md.block_tables, md.seq_lens, md.query_start_loc, spec.scale,
-                                      spec.kv_lora_rank, cache_scale, out, md.scratch)
+                                      spec.kv_lora_rank, cache_scale, out, md.scratch,
+                                      max_query_len=md.max_query_len, max_seq_len=md.max_seq_len,
+                                      num_decodes=md.num_decodes, num_prefills=md.num_prefills)

@@ -52,6 +52,9 @@ class DecodeGraphs:
                 with set_forward_context(step.metadata):
                     model(step.input_ids, step.metadata.positions)  # warm-up: JIT/autotune outside capture
                     torch.cuda.synchronize()
+                    # A new step (the same metadata object): per-step memos the warm-up made must not be
+                    # captured as if they were made by every replay.
+                    step = inputs.build([], graph_size=size)
                     graph = torch.cuda.CUDAGraph()
                     with torch.cuda.graph(graph, pool=pool):
                         self.hidden[size] = model(step.input_ids, step.metadata.positions)

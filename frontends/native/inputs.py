@@ -8,6 +8,13 @@ two persistent device buffers with two non-blocking copies. Per step the buffers
 For a CUDA-graph step of padded size G: T = S = G and W = the full table width, so the graph
 captured for size G reads the same addresses on every replay. On CPU host and device buffers
 are the same tensors.
+
+MLA models (a config with kv_lora_rank) also get the MLA decode metadata (kv_indptr, kv_indices: see
+atom_kernels.reference.mla) once per step, on the device, into the metadata's scratch where the MLA kernels
+find it. With ATOM_USE_PERSISTENT_MLA_DECODE_METADATA (default on) it is refilled in place in buffers sized
+here (max_num_seqs x the full table width), the same addresses on every step, so a graph replay reads the
+refill this step made; off, the kernels make it afresh each step (inside a captured graph, on replay).
+Its positions are the metadata's own (no copy); max_query_len is the maximum over all sequences.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from atom_core.config import AtomConfig
 from atom_core.forward_context import AttentionMetadata
 from atom_frontends.native.request import Request
 from atom_frontends.native.scheduler import Scheduled
+from atom_kernels.reference.mla import MLA_BUFFERS_KEY, mla_decode_buffers, mla_decode_metadata
 
 
 @dataclass
@@ -72,6 +80,9 @@ class InputBuilder:
         # The pinned buffers are rewritten each step: wait until the last step's copies have read them.
         self.copied = torch.cuda.Event() if pin else None
         self._graph_cache: dict[tuple[int, int], StepInputs] = {}
+        uses_mla = getattr(config.hf_config, "kv_lora_rank", None) is not None
+        self.mla_buffers = (mla_decode_buffers(seqs, self.width, device)
+                            if uses_mla and config.ATOM_USE_PERSISTENT_MLA_DECODE_METADATA else None)
 
     def build(self, batch: list[Scheduled], graph_size: int | None = None) -> StepInputs:
         """Inputs of one step; with graph_size, padded to that many one-token sequences."""
@@ -100,10 +111,20 @@ class InputBuilder:
         self.np64[3 * t_ : 3 * t_ + len(rows)] = qsl[np.array(rows, dtype=np.int64) + 1] - 1
         self._copy(3 * t_ + len(rows), 2 * s_ + 1 + s_ * w)
         if graph_size:
-            return self._graph_views(graph_size, len(rows))
-        decodes = q_lens.count(1)
-        hints = (max(q_lens), int(self.np32[:n].max()), decodes, n - decodes)
-        return self.views(s_, t_, w, len(rows), hints)
+            step = self._graph_views(graph_size, len(rows))
+        else:
+            decodes = q_lens.count(1)
+            hints = (max(q_lens), int(self.np32[:n].max()), decodes, n - decodes)
+            step = self.views(s_, t_, w, len(rows), hints)
+        if self.mla_buffers is not None:
+            self._refill_mla(step.metadata)
+        return step
+
+    def _refill_mla(self, md: AttentionMetadata) -> None:
+        """The step's MLA decode metadata in the persistent buffers (device work queued behind the copies, no
+        host sync), memoised in md.scratch for every MLA layer of the step."""
+        md.scratch[MLA_BUFFERS_KEY] = self.mla_buffers
+        mla_decode_metadata(md.block_tables, md.seq_lens, self.block_size, md.scratch)
 
     def _fill_decodes(self, batch: list[Scheduled], s_: int, t_: int) -> None:
         """One new token per sequence (the hot path): plain Python per row, few numpy calls."""

@@ -9,9 +9,25 @@ output, so keys are whole cache rows and values their first r features.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
-from atom_kernels.reference.attention import _attend, _dequant, cached_plan
+from atom_kernels import dispatch
+from atom_kernels.reference.attention import _attend, _dequant, cached_plan, step_memo
+
+# AttentionMetadata.scratch keys: the step's MLA decode metadata (made once a step, shared by every MLA layer),
+# and the persistent buffers a host may lend for it (refilled in place each step instead of allocated).
+MLA_DECODE_KEY = "mla_decode"
+MLA_BUFFERS_KEY = "mla_decode_buffers"
+
+
+class MLADecodeMetadata(NamedTuple):
+    """Paged KV indices of a batch in CSR form: sequence i's pages (block ids) are
+    kv_indices[kv_indptr[i] : kv_indptr[i + 1]], ceil(seq_lens[i] / block_size) of them."""
+
+    kv_indptr: torch.Tensor  # [num_seqs + 1] int32
+    kv_indices: torch.Tensor  # [>= num_seqs * max_blocks] int32; entries past kv_indptr[-1] unspecified
 
 
 def write_latent_cache(latent: torch.Tensor, cache: torch.Tensor, slot_mapping: torch.Tensor,
@@ -67,3 +83,49 @@ def mla_attention(
         o = _attend(q.unsqueeze(1) if batched else q, rows, rows[..., :kv_lora_rank], g.seen, scale)
         out[g.rows] = (o.squeeze(1) if batched else o).to(out.dtype)
     return out
+
+
+def mla_kv_indices(block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int, kv_indptr: torch.Tensor,
+                   kv_indices: torch.Tensor) -> None:
+    """Fill the CSR page indices of a batch in place (see MLADecodeMetadata).
+
+    Page ids (one per block of block_size rows), not flattened token slots: block_size times fewer entries to
+    build and to read, and a kernel turns page + offset into a row as it does with a block table; with block
+    size 1 (SGLang's token pool) the two are the same. kv_indptr [S + 1] int32 ← 0, cumsum of pages per
+    sequence (in place, torch.cumsum(out=...)); kv_indices [>= S * max_blocks] int32.
+    """
+    pages = (seq_lens.long() + block_size - 1) // block_size  # [S]
+    kv_indptr[:1].zero_()
+    torch.cumsum(pages, 0, dtype=kv_indptr.dtype, out=kv_indptr[1:])
+    keep = torch.arange(block_tables.shape[1], device=pages.device) < pages[:, None]  # [S, W]
+    # Each row's live entries are a prefix, so the row-major selection is the CSR concatenation. (masked_select:
+    # boolean-mask indexing of this 2-D table took milliseconds on CPU.)
+    live = torch.masked_select(block_tables, keep)
+    kv_indices[: live.numel()] = live.to(kv_indices.dtype)
+
+
+def mla_decode_buffers(max_num_seqs: int, max_blocks: int, device) -> MLADecodeMetadata:
+    """Persistent buffers for every step of up to max_num_seqs sequences of up to max_blocks blocks."""
+    return MLADecodeMetadata(torch.empty(max_num_seqs + 1, dtype=torch.int32, device=device),
+                             torch.empty(max_num_seqs * max_blocks, dtype=torch.int32, device=device))
+
+
+def mla_decode_metadata(block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int,
+                        plan_cache: dict | None = None) -> MLADecodeMetadata:
+    """The step's MLA decode metadata, made once a step (memo in plan_cache, the metadata's scratch): in the
+    persistent buffers plan_cache[MLA_BUFFERS_KEY] when the host lends them (refilled in place, same addresses
+    every step: what a CUDA graph needs), else in fresh tensors. mla_kv_indices runs on the device's backend."""
+    def make() -> MLADecodeMetadata:
+        num_seqs, width = block_tables.shape
+        buffers = None if plan_cache is None else plan_cache.get(MLA_BUFFERS_KEY)
+        if buffers is None:
+            buffers = mla_decode_buffers(num_seqs, width, block_tables.device)
+        elif buffers.kv_indptr.shape[0] <= num_seqs or buffers.kv_indices.shape[0] < num_seqs * width:
+            raise ValueError(f"MLA decode buffers for {buffers.kv_indptr.shape[0] - 1} sequences and "
+                             f"{buffers.kv_indices.shape[0]} pages cannot hold a step of {num_seqs} sequences with "
+                             f"{width}-wide block tables: size them by max_num_seqs and the widest block table")
+        meta = MLADecodeMetadata(buffers.kv_indptr[:num_seqs + 1], buffers.kv_indices)
+        dispatch.get("mla_kv_indices", block_tables.device)(block_tables, seq_lens, block_size, *meta)
+        return meta
+
+    return step_memo(plan_cache, (MLA_DECODE_KEY, block_size), make)

@@ -26,7 +26,13 @@ CASES = {
     "qwen3-moe-top2-dense0": ("Qwen3MoeForCausalLM", {}),
     "qwen3-moe-top4-of-16": ("Qwen3MoeForCausalLM", dict(num_experts=16, num_experts_per_tok=4, head_dim=128,
                                                          norm_topk_prob=False, mlp_only_layers=[])),
+    # MLA through the Triton latent-cache write, MLA decode (persistent decode metadata) and prefill kernels:
+    # q-LoRA, noaux_tc routing, yarn rope; a 24 + 8 latent and the real 512 + 64
+    "deepseek-v3": ("DeepseekV3ForCausalLM", {}),
+    "deepseek-v3-latent-512+64": ("DeepseekV3ForCausalLM", dict(kv_lora_rank=512, qk_rope_head_dim=64)),
 }
+# checkpoint overrides of the batching / chunking / preemption test, per architecture
+SCHEDULING = {"Qwen3ForCausalLM": HD128, "Qwen3MoeForCausalLM": HD128, "DeepseekV3ForCausalLM": {}}
 MARGIN_FACTOR = 4.0  # a bf16 divergence is explained when the fp32 margin <= 4x the bf16 logit error
 
 
@@ -91,11 +97,23 @@ def test_fp32_fused_qk_norm_rope_matches_hf(checkpoint_factory, monkeypatch, enf
 
 
 @pytest.mark.parametrize("enforce_eager", [False, True], ids=["graphs", "eager"])
-@pytest.mark.parametrize("arch", ["Qwen3ForCausalLM", "Qwen3MoeForCausalLM"])
+def test_fp32_mla_metadata_rebuilt_each_step_matches_hf(checkpoint_factory, monkeypatch, enforce_eager):
+    """ATOM_USE_PERSISTENT_MLA_DECODE_METADATA=0: the MLA kernels make the decode metadata themselves (inside the
+    captured graphs with graphs on)."""
+    monkeypatch.setenv("ATOM_USE_PERSISTENT_MLA_DECODE_METADATA", "0")
+    path = checkpoint_factory("DeepseekV3ForCausalLM")
+    prompts = random_prompts(LENGTHS, seed=16)
+    llm = native(path, "float32", enforce_eager)
+    assert llm.engine.runner.inputs.mla_buffers is None
+    assert greedy(llm, prompts, 32) == hf_greedy(path, prompts, 32)
+
+
+@pytest.mark.parametrize("enforce_eager", [False, True], ids=["graphs", "eager"])
+@pytest.mark.parametrize("arch", list(SCHEDULING))
 def test_fp32_batching_chunking_preemption_match_hf(checkpoint_factory, arch, enforce_eager):
     """Few sequence slots, a small token budget and a small cache: padded graph sizes, steps mixing
     decodes with prefill chunks, and preemption by recompute."""
-    path = checkpoint_factory(arch, **HD128)
+    path = checkpoint_factory(arch, **SCHEDULING[arch])
     prompts = random_prompts([60, 45, 30, 52, 20, 7, 33], seed=12)
     llm = native(path, "float32", enforce_eager, block_size=4, num_kv_blocks=48, max_num_seqs=3,
                  max_num_batched_tokens=24, max_model_len=128, enable_prefix_caching=False)

@@ -1,0 +1,229 @@
+"""MLA decode over a paged latent cache: latent-cache bandwidth of our Triton kernel vs the device copy bandwidth
+and torch, bf16 and fp8 latent caches.
+
+For B x L in {64x4096, 128x2048, 16x16384}, 16 and 128 heads, latent 512 + 64, block size 16 with shuffled
+blocks, bf16 queries: our decode through the public op (dispatcher, checks, mla_decode_config; the step's MLA
+decode metadata made once, as every layer of a step shares it). Bandwidth = latent-cache bytes read / time
+(each row once); "of copy" = that over the device copy bandwidth measured in this run (read + write of a 2 GiB
+copy). TFLOP/s counts 2 * B * H * L * (576 + 512). Peers over the same latent values, same run:
+  - "torch bmm": absorbed decode in bf16 matmuls over a contiguous [B, L, 576] latent (logits, softmax, P @ V),
+  - "reference": atom_kernels.reference.mla_attention over the same paged cache (float32 math, the test
+    oracle); skipped where its float32 copies (GQA expands the latent per head) would exceed REF_BYTES.
+A mini-sweep of heads per program (BLOCK_H 16/32/64) shows what the default config leaves on the table.
+Goals: >= 0.8 of copy bandwidth; fp8 <= 0.6 of bf16 time. With 128 heads the decode does 242 flops per byte
+of bf16 latent: at ~2.8 TB/s that is ~700 TFLOP/s, near the H100's dense bf16 peak, so that case is
+compute-bound (the TFLOP/s column says how close).
+
+    python benchmarks/mla_decode.py [--sweep] [--out FILE]
+
+--sweep also times a grid of decode launch configs (heads per program, tile rows, stages, splits) per case,
+to tune mla_decode_config (compiles ~100 kernels: minutes).
+
+Timing: attention_decode.gpu_times (interleaved rounds, L2 flushed before each launch, reps queued behind a
+GPU sleep); median of all reps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import re
+import sys
+from pathlib import Path
+
+import torch
+import triton
+from attention_decode import gpu_times, summary  # same timing method (benchmarks/ is on sys.path)
+
+import atom_kernels
+from atom_kernels import reference
+from atom_kernels.reference.mla import mla_decode_metadata
+from atom_kernels.triton.attention_common import softmax_scale
+from atom_kernels.triton.attention_decode import num_sms, pick_splits
+from atom_kernels.triton.mla_decode import PROGRAMS_PER_SM, launch_mla_decode, mla_decode_config
+
+SHAPES = [(64, 4096), (128, 2048), (16, 16384)]
+DEVICE = "cuda"
+HEADS = (16, 128)
+R, ROPE, BLOCK = 512, 64, 16
+FP8 = torch.float8_e4m3fn
+ROUNDS, REPS = 5, 20
+COPY_BYTES = 2 << 30
+REF_BYTES = 24 << 30  # the reference's float32 gathers: skip it above this
+SCALE = (128 + ROPE) ** -0.5  # DeepSeek's qk_head_dim 192
+
+
+def copy_bandwidth() -> float:
+    """Device copy bandwidth in bytes/s, counting read + write."""
+    src = torch.empty(COPY_BYTES, dtype=torch.uint8, device=DEVICE)
+    dst = torch.empty_like(src)
+    times, _ = gpu_times({"copy": lambda: dst.copy_(src)}, 3, 10)
+    return 2 * COPY_BYTES / (summary(times["copy"], 3)[0] * 1e-3)
+
+
+def paged_latent(b: int, seq: int, g: torch.Generator):
+    """Contiguous latent [b, seq, 576] (bf16) and the same rows in a paged cache with shuffled blocks."""
+    lat = torch.randn(b, seq, R + ROPE, device=DEVICE, dtype=torch.bfloat16, generator=g)
+    per_seq = seq // BLOCK
+    perm = torch.randperm(b * per_seq, device=DEVICE, generator=g)
+    cache = torch.empty(b * per_seq, BLOCK, R + ROPE, device=DEVICE, dtype=torch.bfloat16)
+    cache[perm] = lat.view(b * per_seq, BLOCK, R + ROPE)
+    return lat, cache, perm.view(b, per_seq).to(torch.int32)
+
+
+def ours(q, cache, tables, seq_lens, qsl, seq, scale=None):
+    """The public op as a model step runs it (decode metadata made by the first call, memoised)."""
+    hints = dict(max_query_len=1, max_seq_len=seq, num_decodes=q.shape[0], num_prefills=0)
+    out = q.new_empty(*q.shape[:2], R)
+    scratch: dict = {}
+    return lambda: atom_kernels.mla_attention(q, cache, tables, seq_lens, qsl, SCALE, R, scale, out, scratch,
+                                              **hints)
+
+
+def with_config(q, cache, tables, seq_lens, qsl, seq, block_h, scale=None, **forced):
+    """Our decode kernel with BLOCK_H (and any other launch setting) forced; the rest as mla_decode_config picks
+    them, the split count for the number of head groups."""
+    meta = mla_decode_metadata(tables, seq_lens, BLOCK)
+    cfg = mla_decode_config(q.shape[0], q.shape[1], seq, q.device, q.dtype)
+    programs = q.shape[0] * triton.cdiv(q.shape[1], block_h)
+    splits = pick_splits(programs, PROGRAMS_PER_SM * num_sms(q.device), triton.cdiv(seq, 256))
+    cfg.update(block_h=block_h, num_warps=4 if block_h <= 16 else 8, num_splits=splits)
+    cfg.update(forced)
+    out = q.new_empty(*q.shape[:2], R)
+    return lambda: launch_mla_decode(q, cache, *meta, seq_lens, qsl, softmax_scale(SCALE), R, scale, out, **cfg)
+
+
+def sweep(q, caches, tables, seq_lens, qsl, seq, nbytes) -> list[str]:
+    """--sweep: a grid of decode launch configs per cache dtype, fastest first (8 lines each)."""
+    lines = []
+    for dt, (cache, scale) in caches.items():
+        fns = {}
+        for bh in (b for b in (16, 32, 64) if b <= triton.next_power_of_2(q.shape[1])):
+            for bn in (16, 32, 64):
+                for stages in (1, 2, 3):
+                    for mult in (1, 2):  # the split count with_config picks, and twice that
+                        n = pick_splits(q.shape[0] * triton.cdiv(q.shape[1], bh), PROGRAMS_PER_SM * num_sms(q.device),
+                                        triton.cdiv(seq, 256))
+                        fns[f"block_h={bh} block_n={bn} stages={stages} splits={n * mult}"] = with_config(
+                            q, cache, tables, seq_lens, qsl, seq, bh, scale, block_n=bn, num_stages=stages,
+                            num_splits=n * mult)
+        timed, failed = gpu_times(fns, 2, 10)
+        ranked = sorted((summary(ts, 2)[0], n) for n, ts in timed.items())
+        lines.append(f"  sweep {dt} (fastest first, median of 2 x 10): " + ("" if not failed else
+                     f"{len(failed)} configs failed ({', '.join(sorted(set(failed.values())))})"))
+        lines += [f"    {n:48s} {t * 1e3:8.1f} us {nbytes[dt] / (t * 1e-3) / 1e9:6.0f} GB/s" for t, n in ranked[:8]]
+    return lines
+
+
+def torch_bmm(q, lat):
+    """Absorbed decode in bf16 matmuls over a contiguous latent: [B, H, 576] x [B, L, 576] → [B, H, 512]."""
+    def fn():
+        p = torch.softmax(torch.bmm(q, lat.transpose(1, 2)).float() * SCALE, -1).to(q.dtype)  # [B, H, L]
+        return torch.bmm(p, lat[..., :R])
+    return fn
+
+
+def reference_fn(q, cache, tables, seq_lens, qsl, scale=None):
+    scratch: dict = {}
+    return lambda: reference.mla_attention(q, cache, tables, seq_lens, qsl, SCALE, R, scale, plan_cache=scratch)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", help="also write the output here (default: benchmarks/results/"
+                        "mla_decode-<date>-<gpu>.txt)")
+    parser.add_argument("--sweep", action="store_true", help="also time a grid of decode launch configs")
+    args = parser.parse_args()
+    lines: list[str] = []
+
+    def say(s: str = "") -> None:
+        print(s, flush=True)
+        lines.append(s)
+
+    gpu = torch.cuda.get_device_name()
+    say(f"mla_decode {datetime.date.today()} {gpu}, torch {torch.__version__}, triton {triton.__version__}")
+    say(f"latent {R} + {ROPE}, block size {BLOCK} (shuffled), bf16 queries; median of {ROUNDS} interleaved rounds "
+        f"x {REPS} launches, L2 flushed before each")
+    copy_bw = copy_bandwidth()
+    say(f"device copy bandwidth: {copy_bw / 1e9:.0f} GB/s (read + write of a {COPY_BYTES >> 30} GiB copy)")
+    g = torch.Generator(device=DEVICE).manual_seed(0)
+    ones = torch.ones((), device=DEVICE)
+    rows = []
+    for b, seq in SHAPES:
+        lat, cache, tables = paged_latent(b, seq, g)
+        cache8 = cache.to(FP8)
+        seq_lens = torch.full((b,), seq, dtype=torch.int32, device=DEVICE)
+        qsl = torch.arange(b + 1, dtype=torch.int32, device=DEVICE)
+        for heads in HEADS:
+            q = torch.randn(b, heads, R + ROPE, device=DEVICE, dtype=torch.bfloat16, generator=g) * 0.5
+            fns = {"ours bf16": ours(q, cache, tables, seq_lens, qsl, seq),
+                   "ours fp8": ours(q, cache8, tables, seq_lens, qsl, seq, ones),
+                   "torch bmm bf16": torch_bmm(q, lat)}
+            for bh in (16, 32, 64):
+                if bh <= triton.next_power_of_2(heads):
+                    fns[f"BLOCK_H={bh} bf16"] = with_config(q, cache, tables, seq_lens, qsl, seq, bh)
+                    fns[f"BLOCK_H={bh} fp8"] = with_config(q, cache8, tables, seq_lens, qsl, seq, bh, ones)
+            ref_bytes = b * seq * (R + ROPE) * 4 * (heads + 2)
+            ref_note = f"reference skipped: ~{ref_bytes / 2**30:.0f} GiB of float32 copies > {REF_BYTES >> 30} GiB"
+            if ref_bytes <= REF_BYTES:
+                fns["reference"] = reference_fn(q, cache, tables, seq_lens, qsl)
+                ref_note = ""
+            want = torch_bmm(q.float(), lat.float())()
+            errs = {}
+            for n in ("ours bf16", "ours fp8"):
+                try:
+                    errs[n] = f"{(fns[n]().float() - want).abs().max().item():.2e}"
+                except Exception as e:  # noqa: BLE001 - reported, and gpu_times reports it again
+                    errs[n] = f"failed ({type(e).__name__}: {str(e)[:200]})"
+            timed, failed = gpu_times(fns, ROUNDS, REPS)
+            med = {n: summary(ts, ROUNDS)[0] for n, ts in timed.items()}
+            nbytes = {"bf16": b * seq * (R + ROPE) * 2, "fp8": b * seq * (R + ROPE)}
+            flops = 2 * b * heads * seq * (R + ROPE + R)
+            cfg = mla_decode_config(b, heads, seq, q.device, q.dtype)
+            say(f"\nB={b} L={seq} heads={heads}: latent {nbytes['bf16'] / 1e6:.0f} MB (bf16); max|ours - fp32 "
+                f"torch| bf16 {errs['ours bf16']}, fp8 {errs['ours fp8']} (fp8 rounding included); "
+                f"mla_decode_config {cfg}")
+            if ref_note:
+                say(f"  {ref_note}")
+            for n, err in failed.items():
+                say(f"  {n:18s} failed: {err}")
+            for n, t in med.items():
+                dt = "fp8" if "fp8" in n else "bf16"
+                bw = nbytes[dt] / (t * 1e-3)
+                say(f"  {n:18s} {t * 1e3:9.1f} us {bw / 1e9:7.0f} GB/s {bw / copy_bw:5.2f} of copy "
+                    f"{flops / (t * 1e-3) / 1e12:6.1f} TFLOP/s")
+            if args.sweep:
+                for line in sweep(q, {"bf16": (cache, None), "fp8": (cache8, ones)}, tables, seq_lens, qsl, seq,
+                                  nbytes):
+                    say(line)
+            best = {dt: min((t, n) for n, t in med.items() if n.startswith("BLOCK_H") and dt in n) for dt in
+                    ("bf16", "fp8") if any(n.startswith("BLOCK_H") and dt in n for n in med)}
+            rows.append((b, seq, heads, med, nbytes, flops, best))
+        del lat, cache, cache8
+        torch.cuda.empty_cache()
+
+    say("\n   B x L     heads  ours bf16 us  GB/s  of copy  TFLOP/s  ours fp8 us  of copy  fp8/bf16  "
+        "torch bmm us  reference us  best BLOCK_H bf16 / fp8")
+    for b, seq, heads, med, nbytes, flops, best in rows:
+        t16, t8 = med.get("ours bf16"), med.get("ours fp8")
+        if t16 is None or t8 is None:
+            say(f"{b:4d} x {seq:<6d} {heads:4d}  ours failed")
+            continue
+        ref = f"{med['reference'] * 1e3:12.0f}" if "reference" in med else f"{'skipped':>12s}"
+        bst = " / ".join(f"{n.split()[0].split('=')[1]} ({t * 1e3:.0f} us)" for t, n in best.values())
+        say(f"{b:4d} x {seq:<6d} {heads:4d}  {t16 * 1e3:12.1f} {nbytes['bf16'] / (t16 * 1e-3) / 1e9:5.0f} "
+            f"{nbytes['bf16'] / (t16 * 1e-3) / copy_bw:8.2f} {flops / (t16 * 1e-3) / 1e12:8.0f} {t8 * 1e3:12.1f} "
+            f"{nbytes['fp8'] / (t8 * 1e-3) / copy_bw:8.2f} {t8 / t16:9.2f} "
+            f"{med.get('torch bmm bf16', float('nan')) * 1e3:13.1f} {ref}  {bst}")
+    say(f"(copy bandwidth {copy_bw / 1e9:.0f} GB/s; goals: ours >= 0.80 of copy, fp8/bf16 <= 0.60; reference = "
+        "atom_kernels.reference.mla_attention, float32, skipped where its copies would not fit)")
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", gpu).strip("-")
+    path = Path(args.out or Path(__file__).parent / "results" / f"mla_decode-{datetime.date.today()}-{slug}.txt")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    print(f"saved {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

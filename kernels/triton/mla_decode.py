@@ -1,0 +1,138 @@
+"""MLA decode (one new token per sequence) over a paged latent cache: split-KV flash-decoding.
+
+Grid (head_groups, num_splits, num_seqs). One program holds BLOCK_H query heads of one token as a
+[BLOCK_H, R + ROPE] tile and walks one contiguous split of the sequence's latent rows: each row it loads
+serves all BLOCK_H heads (as key for both logit dots and as value), so with BLOCK_H >= heads (the default up
+to 64 heads) every latent row is read once per split. With more heads than BLOCK_H (128 heads) the head groups
+of one (split, sequence) are neighbours on the grid's fastest axis: they run together and the second read of
+a row comes from L2, not HBM. A second kernel (attention_decode's merge) combines the splits by log-sum-exp.
+
+Pages come from the MLA decode metadata (kv_indptr, kv_indices: page ids, see reference.mla.mla_kv_indices):
+page j of sequence i is kv_indices[kv_indptr[i] + j]. The split count only tunes parallelism: each split's
+range is derived in-kernel from the real seq_len, so a grid sized from a max_seq_len hint that is only an upper
+bound (CUDA graphs) still covers every row. No host sync anywhere.
+
+fp8 (e4m3) caches: dequantised by the per-tensor scale on the logits and on the output, never per element.
+With bf16 queries the dots then run in fp16 (e4m3 -> fp16 is one conversion, -> bf16 two; fp16 holds e4m3
+exactly), the query pre-scaled by softmax_scale * log2(e) to stay in fp16's range (attention_decode measured
+this on the H100).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from atom_kernels.triton._utils import pow2
+from atom_kernels.triton.attention_common import load_block_ids
+from atom_kernels.triton.attention_decode import _merge_kernel, num_sms, pick_splits
+from atom_kernels.triton.mla_common import attend_latent, load_latent_tile, load_query
+
+
+@triton.jit
+def _mla_decode_kernel(
+    q_ptr, cache_ptr, kv_indptr_ptr, kv_indices_ptr, seq_lens_ptr, qsl_ptr, scale_ptr, out_ptr, po_ptr, plse_ptr,
+    qk_scale, num_splits, num_heads, R, ROPE,
+    sq_t, sq_h, sq_d, so_t, so_h, so_d, s_b, s_t, s_d,
+    BLOCK_SIZE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, R_PAD: tl.constexpr,
+    PE_PAD: tl.constexpr, HAS_SCALE: tl.constexpr, SPLIT: tl.constexpr, DOT_F16: tl.constexpr,
+):
+    hg = tl.program_id(0)
+    split = tl.program_id(1)
+    seq = tl.program_id(2)
+    q_start = tl.load(qsl_ptr + seq).to(tl.int64)
+    if tl.load(qsl_ptr + seq + 1) - q_start != 1:  # not a decode: the prefill kernel has it
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    chunk = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    start = split * chunk
+    end = tl.minimum(start + chunk, seq_len)
+
+    heads = hg * BLOCK_H + tl.arange(0, BLOCK_H)
+    h_mask = heads < num_heads
+    rows = q_start + heads * 0
+    q, q_pe = load_query(q_ptr, rows, heads, h_mask, sq_t, sq_h, sq_d, R, ROPE, R_PAD, PE_PAD)
+    qk = qk_scale
+    if DOT_F16:  # fp8 cache, bf16 query: fp16 dots (module docstring), the query pre-scaled
+        q = (q.to(tl.float32) * qk_scale).to(tl.float16)
+        q_pe = (q_pe.to(tl.float32) * qk_scale).to(tl.float16)
+        qk = 1.0
+    if HAS_SCALE:
+        qk = qk * tl.load(scale_ptr).to(tl.float32)
+    m = tl.full([BLOCK_H], -1.0e30, tl.float32)
+    den = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, R_PAD], tl.float32)
+    pages = kv_indices_ptr + tl.load(kv_indptr_ptr + seq).to(tl.int64)
+    n = start + tl.arange(0, BLOCK_N)
+    blk = load_block_ids(pages, 1, n, n < end, BLOCK_SIZE)
+    for n0 in range(start, end, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = n < end
+        # page ids one tile ahead (see attention_common.load_block_ids: keeps the pipeliner's buffers)
+        blk_next = load_block_ids(pages, 1, n + BLOCK_N, n + BLOCK_N < end, BLOCK_SIZE)
+        kv, pe = load_latent_tile(cache_ptr, blk, n, n_mask, s_b, s_t, s_d, R, ROPE, BLOCK_SIZE, R_PAD, PE_PAD)
+        m, den, acc = attend_latent(q, q_pe, kv, pe, n_mask[None, :], m, den, acc, qk)
+        blk = blk_next
+    if HAS_SCALE:
+        acc = acc * tl.load(scale_ptr).to(tl.float32)
+    o = acc / tl.where(den > 0, den, 1.0)[:, None]
+    c = tl.arange(0, R_PAD)
+    o_mask = h_mask[:, None] & (c < R)[None, :]
+    if SPLIT:  # partials [num_seqs, heads, num_splits, R] and their lse [num_seqs, heads, num_splits]
+        prow = (seq * num_heads + heads).to(tl.int64) * num_splits + split
+        tl.store(po_ptr + prow[:, None] * R + c[None, :], o, mask=o_mask)
+        lse = tl.where(den > 0, m + tl.log2(den), float("-inf"))
+        tl.store(plse_ptr + prow, lse, mask=h_mask)
+    else:
+        out = out_ptr + q_start * so_t + heads[:, None] * so_h + c[None, :] * so_d
+        tl.store(out, o.to(out_ptr.dtype.element_ty), mask=o_mask)
+
+
+# Programs per SM the split count aims for (attention_decode measured 2 to saturate HBM with its kernel).
+PROGRAMS_PER_SM = 2
+MAX_HEADS_PER_PROGRAM = 64  # [64, 512] float32 accumulator: 128 registers a thread at 8 warps
+
+
+def mla_decode_config(num_seqs: int, num_heads: int, max_seq_len: int, device, query_dtype=torch.bfloat16) -> dict:
+    """Heads per program, tile, warps, stages and split count (sweep: benchmarks/mla_decode.py --sweep).
+
+    float32 queries (parity tests) take 16 heads and 16-row tiles: IEEE fp32 dots need twice the registers.
+    """
+    fp32 = query_dtype == torch.float32
+    block_h = min(pow2(num_heads, 16), 16 if fp32 else MAX_HEADS_PER_PROGRAM)
+    block_n = 16 if fp32 else 32
+    warps = 4 if block_h <= 16 else 8
+    programs = num_seqs * triton.cdiv(num_heads, block_h)
+    splits = pick_splits(programs, PROGRAMS_PER_SM * num_sms(device), triton.cdiv(max(max_seq_len, 1), 256))
+    return dict(block_h=block_h, block_n=block_n, num_warps=warps, num_stages=1 if fp32 else 2,
+                num_splits=splits)
+
+
+def launch_mla_decode(query, cache, kv_indptr, kv_indices, seq_lens, query_start_loc, qk_scale, kv_lora_rank,
+                      cache_scale, out, block_h, block_n, num_warps, num_stages, num_splits) -> None:
+    """Run the decode kernel (+ merge) for the one-token sequences of the batch; arguments pre-checked."""
+    num_seqs = seq_lens.shape[0]
+    _, heads, width = query.shape
+    r_pad = pow2(kv_lora_rank, 16)
+    split = num_splits > 1
+    po = plse = out
+    if split:
+        po = torch.empty((num_seqs, heads, num_splits, kv_lora_rank), dtype=torch.float32, device=query.device)
+        plse = torch.empty((num_seqs, heads, num_splits), dtype=torch.float32, device=query.device)
+    scaled = cache_scale is not None
+    grid = (triton.cdiv(heads, block_h), num_splits, num_seqs)
+    _mla_decode_kernel[grid](
+        query, cache, kv_indptr, kv_indices, seq_lens, query_start_loc, cache_scale if scaled else query,
+        out, po, plse, qk_scale, num_splits, heads, kv_lora_rank, width - kv_lora_rank,
+        *query.stride(), *out.stride(), *cache.stride(),
+        BLOCK_SIZE=cache.shape[1], BLOCK_H=block_h, BLOCK_N=block_n, R_PAD=r_pad,
+        PE_PAD=pow2(width - kv_lora_rank, 16), HAS_SCALE=scaled, SPLIT=split,
+        DOT_F16=cache.dtype.itemsize == 1 and query.dtype == torch.bfloat16,
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    if split:
+        _merge_kernel[(num_seqs, heads)](
+            query_start_loc, po, plse, out, num_splits, *out.stride(), kv_lora_rank, heads,
+            S_PAD=pow2(num_splits), D_PAD=r_pad,
+        )

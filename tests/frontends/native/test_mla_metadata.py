@@ -1,0 +1,156 @@
+"""The native MLA decode metadata (kv_indptr / kv_indices, refilled in persistent buffers by the InputBuilder) on
+the CPU reference path: against the contract written out with Python lists from the scheduled requests' block
+ids, and against a rebuild in fresh tensors, over many steps of changing batch sizes, mixed query lengths and
+padded CUDA-graph steps; max_query_len; the ATOM_USE_PERSISTENT_MLA_DECODE_METADATA switch."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from transformers import DeepseekV3Config, Qwen3Config
+
+from atom_core.config import AtomConfig
+from atom_frontends.native.inputs import InputBuilder
+from atom_frontends.native.request import Request
+from atom_frontends.native.sampling_params import SamplingParams
+from atom_frontends.native.scheduler import Scheduled
+from atom_kernels.reference.mla import mla_decode_metadata
+
+BLOCK, MAX_SEQS, MAX_LEN = 4, 8, 64
+
+
+def builder(hf_config=None) -> InputBuilder:
+    cfg = AtomConfig(hf_config=hf_config or DeepseekV3Config(kv_lora_rank=24), block_size=BLOCK,
+                     max_model_len=MAX_LEN, max_num_seqs=MAX_SEQS, max_num_batched_tokens=128)
+    return InputBuilder(cfg, torch.device("cpu"))
+
+
+def scheduled(computed: int, new: int, rng: random.Random) -> Scheduled:
+    """A request with `computed` tokens cached and `new` scheduled, its blocks distinct random ids."""
+    total = computed + new
+    req = Request("r", None, [rng.randrange(100) for _ in range(total)], SamplingParams(), frozenset())
+    req.num_computed_tokens = computed
+    spare = rng.randrange(2) if total <= MAX_LEN - BLOCK else 0  # maybe one block more than needed
+    req.block_ids = rng.sample(range(1000), -(-total // BLOCK) + spare)
+    return Scheduled(req, new)
+
+
+def random_batch(rng: random.Random, decode_only: bool) -> list[Scheduled]:
+    batch = []
+    for _ in range(rng.randint(1, MAX_SEQS)):
+        computed = rng.randrange(MAX_LEN - 1 if decode_only else MAX_LEN // 2)
+        new = 1 if decode_only or rng.random() < 0.5 else rng.randint(1, MAX_LEN // 2 - 1)
+        batch.append(scheduled(computed, new, rng))
+    return batch
+
+
+def contract(batch: list[Scheduled], padded_to: int | None) -> tuple[list[int], list[int]]:
+    """kv_indptr and the live kv_indices: each sequence's first ceil(seq_len / BLOCK) block ids; padding rows of
+    a graph step are one token in block 0."""
+    pages = [s.request.block_ids[: -(-(s.request.num_computed_tokens + s.num_new_tokens) // BLOCK)] for s in batch]
+    pages += [[0]] * ((padded_to or len(batch)) - len(batch))
+    indptr = [0]
+    for p in pages:
+        indptr.append(indptr[-1] + len(p))
+    return indptr, [b for p in pages for b in p]
+
+
+def step_metadata(inputs: InputBuilder, batch, graph_size=None):
+    md = inputs.build(batch, graph_size=graph_size).metadata
+    return md, mla_decode_metadata(md.block_tables, md.seq_lens, BLOCK, md.scratch)  # the step's memo
+
+
+def test_persistent_buffers_over_many_steps_equal_a_rebuild_and_the_contract():
+    rng = random.Random(0)
+    inputs = builder()
+    ptrs = {inputs.mla_buffers.kv_indptr.data_ptr(), inputs.mla_buffers.kv_indices.data_ptr()}
+    sizes = set()
+    for step in range(60):
+        graph = step % 3 == 2  # a decode-only step padded to a captured size
+        batch = random_batch(rng, decode_only=graph)
+        size = rng.randint(len(batch), MAX_SEQS) if graph else None
+        md, meta = step_metadata(inputs, batch, size)
+        sizes.add((len(batch), size))
+        assert {meta.kv_indptr.data_ptr(), meta.kv_indices.data_ptr()} == ptrs  # refilled in place
+        indptr, indices = contract(batch, size)
+        assert meta.kv_indptr.tolist() == indptr
+        assert meta.kv_indices[: len(indices)].tolist() == indices
+        fresh = mla_decode_metadata(md.block_tables, md.seq_lens, BLOCK)  # rebuilt in new tensors
+        assert fresh.kv_indptr.tolist() == indptr
+        assert fresh.kv_indices[: len(indices)].tolist() == indices
+    assert len(sizes) > 20  # the batch size did change
+
+
+def test_mixed_query_lengths_and_max_query_len():
+    """max_query_len (the MLA kernels' routing hint, ATOM's max_qo_len) is the maximum over all sequences, not the
+    last one's; decodes and chunks of any length share one metadata."""
+    rng = random.Random(1)
+    inputs = builder()
+    for q_lens in ([1, 17, 1, 3], [30, 1], [2, 2, 9, 1, 1], [1, 1, 1]):
+        batch = [scheduled(rng.randrange(20), q, rng) for q in q_lens]
+        md, meta = step_metadata(inputs, batch)
+        assert md.max_query_len == max(q_lens)
+        assert md.num_decodes == q_lens.count(1) and md.num_prefills == len(q_lens) - q_lens.count(1)
+        assert md.query_start_loc.tolist() == [sum(q_lens[:i]) for i in range(len(q_lens) + 1)]
+        indptr, indices = contract(batch, None)
+        assert meta.kv_indptr.tolist() == indptr and meta.kv_indices[: len(indices)].tolist() == indices
+
+
+def test_switch_off_rebuilds_every_step(monkeypatch):
+    monkeypatch.setenv("ATOM_USE_PERSISTENT_MLA_DECODE_METADATA", "0")
+    inputs = builder()
+    assert inputs.mla_buffers is None
+    rng = random.Random(2)
+    seen = set()
+    for _ in range(3):
+        batch = random_batch(rng, decode_only=False)
+        md = inputs.build(batch).metadata
+        assert not md.scratch  # nothing made ahead: the kernels make it
+        meta = mla_decode_metadata(md.block_tables, md.seq_lens, BLOCK, md.scratch)
+        seen.add(meta.kv_indices.data_ptr())
+        indptr, indices = contract(batch, None)
+        assert meta.kv_indptr.tolist() == indptr and meta.kv_indices[: len(indices)].tolist() == indices
+    assert len(seen) == 3  # fresh tensors every step
+
+
+def test_switch_is_read_from_the_environment(monkeypatch):
+    assert builder().mla_buffers is not None  # default on
+    monkeypatch.setenv("ATOM_USE_PERSISTENT_MLA_DECODE_METADATA", "maybe")
+    with pytest.raises(ValueError, match="ATOM_USE_PERSISTENT_MLA_DECODE_METADATA='maybe'"):
+        builder()
+
+
+def test_models_without_mla_get_no_buffers():
+    inputs = builder(Qwen3Config())
+    assert inputs.mla_buffers is None
+    assert not inputs.build([scheduled(3, 1, random.Random(3))]).metadata.scratch
+
+
+def test_buffers_too_small_for_a_step_are_named():
+    inputs = builder()
+    md = inputs.build([scheduled(3, 1, random.Random(4))]).metadata
+    md.scratch.clear()
+    md.scratch["mla_decode_buffers"] = type(inputs.mla_buffers)(torch.zeros(1, dtype=torch.int32),
+                                                               torch.zeros(1, dtype=torch.int32))
+    with pytest.raises(ValueError, match="MLA decode buffers for 0 sequences"):
+        mla_decode_metadata(md.block_tables, md.seq_lens, BLOCK, md.scratch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("persistent", ["1", "0"], ids=["persistent", "rebuilt"])
+@pytest.mark.parametrize("enforce_eager", [False, True], ids=["graphs", "eager"])
+def test_deepseek_decode_step_syncs_only_to_read_tokens(checkpoint_factory, monkeypatch, enforce_eager, persistent):
+    """The MLA decode metadata (refilled or rebuilt), the latent write and the MLA kernels add no host sync to a
+    decode step: the only one left is the sampler reading the tokens."""
+    from atom_frontends.native import LLM
+    from tests.frontends.native.test_gpu_sync import sync_sites_per_step
+
+    monkeypatch.setenv("ATOM_USE_PERSISTENT_MLA_DECODE_METADATA", persistent)
+    llm = LLM(checkpoint_factory("DeepseekV3ForCausalLM"), dtype="bfloat16", num_kv_blocks=256, max_num_seqs=4,
+              enforce_eager=enforce_eager)
+    assert (llm.engine.runner.graphs is None) == enforce_eager
+    assert (llm.engine.runner.inputs.mla_buffers is not None) == (persistent == "1")
+    for sites in sync_sites_per_step(llm, steps=5):
+        assert sites and all(s.startswith("sampler.py") and ".tolist()" in s for s in sites), sites

@@ -1,0 +1,309 @@
+"""Triton MLA kernels (write_latent_cache, mla_attention's decode and prefill kernels, mla_kv_indices) vs the torch
+references in atom_kernels.reference.mla, run on CPU copies of the same inputs.
+
+GPU tests (marked gpu) run the compiled kernels on CUDA; test_kernels_under_the_interpreter runs the same checks
+at tiny shapes on CPU tensors through Triton's interpreter in a subprocess (fp32 and fp16 queries only: the
+interpreter of triton 3.6 multiplies bf16 tiles as raw int16 bits, rounds float32 -> bf16 stores by truncation
+where the GPU rounds to nearest (stored bf16 rows are compared within one unit there) and gets float32 -> fp8
+stores wrong (1.96 -> 1.0), so the fp8 cache write is checked on the GPU only).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from atom_kernels import reference as ref  # noqa: E402  (after the triton skip)
+from atom_kernels.reference.mla import MLA_BUFFERS_KEY, MLADecodeMetadata, mla_decode_buffers  # noqa: E402
+from atom_kernels.triton.attention_common import softmax_scale  # noqa: E402
+from atom_kernels.triton.mla import mla_attention  # noqa: E402
+from atom_kernels.triton.mla_cache import write_latent_cache  # noqa: E402
+from atom_kernels.triton.mla_decode import launch_mla_decode  # noqa: E402
+from atom_kernels.triton.mla_kv_indices import mla_kv_indices  # noqa: E402
+
+F32, BF16, F16, FP8 = torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn
+# Outputs are O(1) weighted means of randn latent rows. bf16/fp16: rounded query and output; fp8: the same
+# fp8 cache values on both sides, the query and P in fp16/bf16 on ours only.
+TOL = {F32: dict(rtol=1e-4, atol=1e-4), BF16: dict(rtol=2e-2, atol=2e-2), F16: dict(rtol=5e-3, atol=5e-3)}
+DECODES = [(1, 1), (17, 1), (33, 1), (100, 1), (64, 1)]  # (context incl. new tokens, new tokens)
+MIXED = [(9, 1), (40, 23), (1, 1), (7, 7), (70, 1), (33, 2), (16, 16)]
+
+
+def ids(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def mla_batch(seqs, heads, r, rope, block, dtype, cache_dtype, device, seed=0, scale=None):
+    """A paged latent cache with shuffled blocks (written through the reference, with padding rows), its block
+    tables (wider than needed, -1 past the used blocks), seq_lens, query_start_loc and the queries."""
+    g = torch.Generator().manual_seed(seed)
+    width = -(-max(n for n, _ in seqs) // block) + 2
+    num_blocks = sum(-(-n // block) for n, _ in seqs) + 3
+    perm = torch.randperm(num_blocks, generator=g)
+    tables = torch.full((len(seqs), width), -1, dtype=torch.int32)
+    rows, slots, used = [], [], 0
+    for i, (n, _) in enumerate(seqs):
+        need = -(-n // block)
+        tables[i, :need] = perm[used:used + need].int()
+        used += need
+        rows.append(torch.randn(n, r + rope, generator=g))
+        slots.append(torch.tensor([int(tables[i, p // block]) * block + p % block for p in range(n)]))
+    cache = torch.full((num_blocks, block, r + rope), float("nan")).to(cache_dtype)  # unused rows: NaN
+    ref.write_latent_cache(torch.cat(rows + [torch.randn(2, r + rope, generator=g)]), cache,
+                           torch.cat(slots + [torch.tensor([-1, -1])]), scale)
+    q_lens = [q for _, q in seqs]
+    qsl = torch.tensor([0] + q_lens).cumsum(0).int()
+    query = torch.randn(sum(q_lens), heads, r + rope, generator=g).to(dtype)
+    seq_lens = torch.tensor([n for n, _ in seqs], dtype=torch.int32)
+    to = dict(device=device)
+    return (query.to(**to), cache.to(**to), tables.to(**to), seq_lens.to(**to), qsl.to(**to),
+            None if scale is None else scale.to(**to))
+
+
+def hints(seqs, exact=True):
+    q_lens = [q for _, q in seqs]
+    decodes = q_lens.count(1)
+    return dict(max_query_len=max(q_lens), max_seq_len=max(n for n, _ in seqs) if exact else 4096,
+                num_decodes=decodes, num_prefills=len(seqs) - decodes)
+
+
+def check_mla(seqs, heads, r, rope, block, dtype, device, cache_dtype=None, with_hints=True, seed=0, **kw):
+    cache_dtype = cache_dtype or dtype
+    scale = torch.tensor(0.7) if cache_dtype == FP8 else None
+    q, cache, tables, seq_lens, qsl, cs = mla_batch(seqs, heads, r, rope, block, dtype, cache_dtype, device, seed,
+                                                    scale)
+    sm_scale = (r + rope) ** -0.5 * 2
+    got = mla_attention(q, cache, tables, seq_lens, qsl, sm_scale, r, cs, **(hints(seqs) if with_hints else {}), **kw)
+    want = ref.mla_attention(*(a.cpu() for a in (q, cache, tables, seq_lens, qsl)), sm_scale, r,
+                             None if cs is None else cs.cpu())
+    assert got.shape == (q.shape[0], heads, r) and got.dtype == dtype
+    assert got.isfinite().all()
+    tol = TOL[BF16] if cache_dtype == FP8 else TOL[dtype]
+    torch.testing.assert_close(got.cpu(), want, **tol)
+
+
+def check_write(t, block, width, dtype, cache_dtype, device, scale=None, exact=True):
+    g = torch.Generator().manual_seed(t)
+    latent = torch.randn(t, width, generator=g).to(dtype)
+    num_blocks = -(-t // block) + 2
+    slots = torch.randperm(num_blocks * block, generator=g)[:t]
+    slots[t // 2] = -1  # a padding token
+    cache = torch.zeros(num_blocks, block, width).to(cache_dtype)
+    want = cache.clone()
+    ref.write_latent_cache(latent, want, slots, scale)
+    got = cache.to(device)
+    write_latent_cache(latent.to(device), got, slots.to(device), None if scale is None else scale.to(device))
+    if exact:
+        assert torch.equal(got.cpu().float(), want.float())
+    else:  # bf16 under the interpreter: one unit in the last place
+        torch.testing.assert_close(got.cpu().float(), want.float(), rtol=8e-3, atol=1e-2)
+
+
+def check_kv_indices(seqs, block, device, width_extra=3, seed=0):
+    """Against the reference and against the contract written out with Python lists."""
+    g = torch.Generator().manual_seed(seed)
+    lens = [n for n, _ in seqs]
+    width = -(-max(lens) // block) + width_extra
+    tables = torch.randint(0, 1000, (len(lens), width), generator=g, dtype=torch.int32)
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    indptr, indices = torch.full((len(lens) + 1,), 7, dtype=torch.int32), torch.full((len(lens) * width,), -5,
+                                                                                       dtype=torch.int32)
+    ref.mla_kv_indices(tables, seq_lens, block, indptr, indices)
+    pages = [-(-n // block) for n in lens]
+    want = [int(x) for i, p in enumerate(pages) for x in tables[i, :p]]
+    assert indptr.tolist() == [sum(pages[:i]) for i in range(len(pages) + 1)]
+    assert indices[: len(want)].tolist() == want
+    d_indptr = torch.full_like(indptr, 9).to(device)
+    d_indices = torch.zeros_like(indices).to(device)
+    mla_kv_indices(tables.to(device), seq_lens.to(device), block, d_indptr, d_indices)
+    assert d_indptr.cpu().tolist() == indptr.tolist()
+    assert d_indices[: len(want)].cpu().tolist() == want
+
+
+# ---------------------------------------------------------------------------------------------- GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [F32, BF16, F16], ids=ids)
+@pytest.mark.parametrize("heads", [16, 128])
+@pytest.mark.parametrize("r, rope", [(512, 64), (24, 8)])
+def test_decode_and_prefill_match_reference(r, rope, heads, dtype):
+    # vLLM/native 16, SGLang's token pool, odd pages crossed inside tiles (each block size compiles anew: the
+    # small latent takes all three)
+    for block in (16, 1, 5) if r < 128 else (16,):
+        check_mla(DECODES, heads, r, rope, block, dtype, "cuda")
+        check_mla(MIXED, heads, r, rope, block, dtype, "cuda", seed=1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads", [16, 128])
+@pytest.mark.parametrize("dtype", [BF16, F16], ids=ids)
+def test_fp8_latent_cache_matches_reference(heads, dtype):
+    check_mla(DECODES, heads, 512, 64, 16, dtype, "cuda", cache_dtype=FP8)
+    check_mla(MIXED, heads, 512, 64, 16, dtype, "cuda", cache_dtype=FP8, seed=2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=ids)
+def test_long_contexts_many_splits(dtype):
+    """Long decodes next to short ones (splits of which some are empty), without hints and with hints that are
+    only upper bounds (as under CUDA graphs)."""
+    seqs = [(5000, 1), (3, 1), (2049, 1), (777, 1)]
+    check_mla(seqs, 16, 512, 64, 16, dtype, "cuda")
+    check_mla(seqs, 16, 512, 64, 16, dtype, "cuda", with_hints=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("splits", [1, 3, 8])
+@pytest.mark.parametrize("block_h", [16, 32, 64])
+def test_every_decode_config(block_h, splits):
+    for block_n in (16, 32):
+        check_decode_config(DECODES, 128, 512, 64, BF16, "cuda", block_h, block_n, 4 if block_h == 16 else 8,
+                            splits)
+
+
+def check_decode_config(seqs, heads, r, rope, dtype, device, block_h, block_n, warps, splits):
+    """The decode kernel (+ merge) with a launch config forced, whatever mla_decode_config would pick."""
+    q, cache, tables, seq_lens, qsl, _ = mla_batch(seqs, heads, r, rope, 16, dtype, dtype, device)
+    meta = MLADecodeMetadata(torch.empty(len(seqs) + 1, dtype=torch.int32, device=device),
+                                 torch.empty(tables.numel(), dtype=torch.int32, device=device))
+    mla_kv_indices(tables, seq_lens, 16, *meta)
+    out = q.new_empty(q.shape[0], heads, r)
+    sm = (r + rope) ** -0.5
+    launch_mla_decode(q, cache, *meta, seq_lens, qsl, softmax_scale(sm), r, None, out, block_h, block_n, warps, 2,
+                      splits)
+    want = ref.mla_attention(*(a.cpu() for a in (q, cache, tables, seq_lens, qsl)), sm, r)
+    torch.testing.assert_close(out.cpu(), want, **TOL[dtype])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cache_dtype, scale", [(F32, None), (BF16, None), (F16, 2.0), (FP8, 0.5)], ids=str)
+def test_write_latent_cache_matches_reference(cache_dtype, scale):
+    for t, block, width in [(1, 16, 576), (37, 16, 576), (100, 5, 32), (9, 1, 40)]:
+        for dtype in (F32, BF16):
+            check_write(t, block, width, dtype, cache_dtype, "cuda", None if scale is None else torch.tensor(scale))
+
+
+@pytest.mark.gpu
+def test_write_latent_cache_into_a_strided_view():
+    """vLLM's [blocks, 1, block_size, D] latent view at head 0, inside a wider allocation."""
+    base = torch.zeros(6, 1, 4, 600, device="cuda")
+    view = base[:, 0, :, :576]
+    latent = torch.randn(5, 576, device="cuda")
+    slots = torch.tensor([3, 0, 22, -1, 9], device="cuda")
+    write_latent_cache(latent, view, slots)
+    want = torch.zeros(6, 4, 576)
+    ref.write_latent_cache(latent.cpu(), want, slots.cpu())
+    assert torch.equal(view.cpu(), want) and not base[..., 576:].any()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block", [16, 1, 5])
+def test_kv_indices_match_reference(block):
+    check_kv_indices(DECODES + MIXED, block, "cuda")
+    check_kv_indices([(n, 1) for n in range(1, 300, 7)], block, "cuda", seed=1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=ids)
+def test_cuda_graph_replay_with_other_lengths(dtype):
+    """Captured once with upper-bound hints and persistent decode buffers in the scratch (the native engine's
+    graph steps); replayed after new lengths, block tables and queries are copied into the same tensors."""
+    heads, r, rope, block = 16, 512, 64, 16
+    seqs = [(300, 1)] * 4  # every table row covers 300 tokens: any length up to 300 is valid on replay
+    q, cache, tables, seq_lens, qsl, _ = mla_batch(seqs, heads, r, rope, block, dtype, dtype, "cuda")
+    seq_lens.copy_(torch.tensor([300, 17, 1, 90], dtype=torch.int32))
+    scratch = {MLA_BUFFERS_KEY: mla_decode_buffers(8, tables.shape[1], "cuda")}
+    h = hints(seqs, exact=False)
+    sm = (r + rope) ** -0.5
+    mla_attention(q, cache, tables, seq_lens, qsl, sm, r, plan_cache=scratch, **h)  # compile outside the capture
+    torch.cuda.synchronize()
+    scratch = {MLA_BUFFERS_KEY: scratch[MLA_BUFFERS_KEY]}  # a new step
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = mla_attention(q, cache, tables, seq_lens, qsl, sm, r, plan_cache=scratch, **h)
+    g = torch.Generator().manual_seed(5)
+    for lens in ([1, 2, 3, 4], [299, 250, 120, 33], [64, 1, 300, 16]):
+        seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
+        tables.copy_(tables[torch.randperm(len(lens), generator=g)])
+        q.copy_(torch.randn(q.shape, generator=g).to(dtype))
+        graph.replay()
+        want = ref.mla_attention(*(a.cpu() for a in (q, cache, tables, seq_lens, qsl)), sm, r)
+        torch.testing.assert_close(out.cpu(), want, **TOL[dtype])
+
+
+@pytest.mark.gpu
+def test_inputs_on_two_devices_are_refused():
+    q, cache, tables, seq_lens, qsl, _ = mla_batch(DECODES, 16, 24, 8, 4, F32, F32, "cuda")
+    with pytest.raises(ValueError, match="different devices"):
+        mla_attention(q, cache, tables.cpu(), seq_lens, qsl, 0.1, 24)
+
+
+# ---------------------------------------------------------------------------------------------- CPU
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(query=lambda q: q[..., :-1]), "latent cache rows are 32 wide"),
+    (dict(query=lambda q: q.int()), "dtype torch.int32 not supported"),
+    (dict(cache=lambda c: c.unsqueeze(1)), r"\[num_blocks, block_size, r \+ rope\] view"),
+    (dict(r=lambda r: 32), "kv_lora_rank 32 must lie in"),
+    (dict(qsl=lambda x: x[:-1]), "query_start_loc must be int"),
+    (dict(tables=lambda t: t.float()), "block_tables must be int"),
+])
+def test_bad_arguments_are_named(bad, match):
+    """Refused at launch time, before any kernel runs (so on CPU too)."""
+    q, cache, tables, seq_lens, qsl, _ = mla_batch(DECODES, 4, 24, 8, 4, F32, F32, "cpu")
+    args = dict(query=q, cache=cache, tables=tables, seq_lens=seq_lens, qsl=qsl, r=24)
+    for name, change in bad.items():
+        args[name] = change(args[name])
+    with pytest.raises(ValueError, match=match):
+        mla_attention(args["query"], args["cache"], args["tables"], args["seq_lens"], args["qsl"], 0.1, args["r"])
+
+
+def test_kv_indices_buffers_too_small_are_named():
+    with pytest.raises(ValueError, match="kv_indices must be int32"):
+        mla_kv_indices(torch.zeros(3, 4, dtype=torch.int32), torch.ones(3, dtype=torch.int32), 16,
+                       torch.zeros(4, dtype=torch.int32), torch.zeros(11, dtype=torch.int32))
+
+
+def interpreter_checks() -> None:
+    """The GPU tests' checks at tiny shapes on CPU tensors (run with TRITON_INTERPRET=1)."""
+    for block in (4, 1, 5):
+        check_kv_indices(DECODES + MIXED, block, "cpu")
+    for cache_dtype, scale in ((F32, None), (F16, torch.tensor(2.0))):
+        check_write(9, 4, 40, F32, cache_dtype, "cpu", scale)
+    check_write(9, 4, 40, F32, BF16, "cpu", exact=False)
+    small = [(9, 1), (23, 1), (1, 1), (40, 1)]
+    mixed = [(9, 1), (21, 13), (1, 1), (7, 7), (30, 2)]
+    for dtype in (F32, F16):
+        for heads, r, rope in ((4, 24, 8), (16, 32, 16)):
+            check_mla(small, heads, r, rope, 4, dtype, "cpu")
+            check_mla(mixed, heads, r, rope, 5, dtype, "cpu", seed=1)
+            check_mla(mixed, heads, r, rope, 1, dtype, "cpu", with_hints=False, seed=2)
+    check_mla(mixed, 4, 512, 64, 16, F16, "cpu", seed=4)  # the real latent's tile configs
+    check_mla(small, 4, 32, 16, 4, F16, "cpu", cache_dtype=FP8)
+    check_mla(mixed, 4, 32, 16, 4, F16, "cpu", cache_dtype=FP8, seed=3)
+    for block_h, splits in ((16, 1), (16, 3), (32, 8)):  # the split + merge path, some splits empty
+        check_decode_config(small, 20, 32, 16, F32, "cpu", block_h, 16, 4, splits)
+    print("interpreter checks passed")
+
+
+@pytest.mark.slow
+def test_kernels_under_the_interpreter():
+    """The MLA kernels through Triton's CPU interpreter (a subprocess: TRITON_INTERPRET is read at import). The
+    interpreter of triton 3.6 cannot run loops with runtime bounds under numpy >= 2.4."""
+    np = pytest.importorskip("numpy")
+    if tuple(int(p) for p in np.__version__.split(".")[:2]) >= (2, 4):
+        pytest.skip(f"triton's interpreter fails on runtime loop bounds with numpy {np.__version__} (< 2.4 works)")
+    code = "from tests.kernels.test_triton_mla import interpreter_checks; interpreter_checks()"
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "interpreter checks passed" in done.stdout
