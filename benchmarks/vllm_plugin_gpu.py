@@ -46,29 +46,32 @@ def workloads(vocab: int) -> dict[str, tuple[list[list[int]], list[int], float]]
 
 
 def decode_profile(llm, vocab: int) -> str:
-    """torch.profiler over a batch-32 generate of 9 tokens (1 prefill + 8 decode steps), in this process (the
-    engine runs in-process): GPU kernels by total time, launches, and the step's wall time vs GPU time."""
+    """torch.profiler over a 9-token generate (1 prefill + 8 decode steps) at batch 1 and at batch 32, in this
+    process (the engine runs in-process): GPU kernels by total time, launches, and wall time vs GPU time (a
+    wall far above the GPU time with many launches means steps ran eagerly, not as CUDA graphs)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
     from vllm import SamplingParams
 
-    prompts, _, _ = workloads(vocab)["batch32"]
-    params = SamplingParams(max_tokens=9, temperature=0.0, ignore_eos=True, detokenize=False)
-    requests = [{"prompt_token_ids": p} for p in prompts]
-    llm.generate(requests, params, use_tqdm=False)  # same shapes once, outside the profile
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        llm.generate(requests, params, use_tqdm=False)
+    lines = []
+    for row in ("batch1", "batch32"):
+        prompts, _, _ = workloads(vocab)[row]
+        params = SamplingParams(max_tokens=9, temperature=0.0, ignore_eos=True, detokenize=False)
+        requests = [{"prompt_token_ids": p} for p in prompts]
+        llm.generate(requests, params, use_tqdm=False)  # same shapes once, outside the profile
         torch.cuda.synchronize()
-    wall = time.perf_counter() - t
-    kernels = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
-    gpu_us = sum(e.self_device_time_total for e in kernels)
-    launches = sum(e.count for e in kernels)
-    top = sorted(kernels, key=lambda e: -e.self_device_time_total)[:12]
-    lines = [f"9-token batch-32 generate: wall {wall * 1e3:.1f} ms, GPU kernels {gpu_us / 1e3:.1f} ms, "
-             f"{launches} kernel launches (graph replays count their kernels)"]
-    lines += [f"  {e.self_device_time_total / 1e3:8.2f} ms {e.count:6d}x  {e.key[:90]}" for e in top]
+        t = time.perf_counter()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            llm.generate(requests, params, use_tqdm=False)
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - t
+        kernels = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+        gpu_us = sum(e.self_device_time_total for e in kernels)
+        launches = sum(e.count for e in kernels)
+        top = sorted(kernels, key=lambda e: -e.self_device_time_total)[:12]
+        lines += [f"9-token {row} generate: wall {wall * 1e3:.1f} ms, GPU kernels {gpu_us / 1e3:.1f} ms, "
+                  f"{launches} kernel launches (graph replays count their kernels)"]
+        lines += [f"  {e.self_device_time_total / 1e3:8.2f} ms {e.count:6d}x  {e.key[:90]}" for e in top]
     return "\n".join(lines)
 
 
@@ -120,7 +123,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--checkpoint", help="checkpoint dir (built once into the temp dir when absent)")
     ap.add_argument("--rows", default=",".join(ROWS))
-    ap.add_argument("--profile", action="store_true", help="also profile 8 batch-32 decode steps on each side")
+    ap.add_argument("--profile", action="store_true", help="also profile 8 decode steps at batch 1 and 32 on each side")
     ap.add_argument("--worker", metavar="CHECKPOINT", help=argparse.SUPPRESS)
     args = ap.parse_args()
     rows = [r for r in args.rows.split(",") if r]
