@@ -294,9 +294,12 @@ class LLMEngine:
         if finished:
             del self._groups[head.request_id]
         prompt_logprobs = head.prompt_logprobs
-        if prompt_logprobs is not None and head.num_handed is not None:  # streamed: once, whole
-            complete = head.num_handed == 0 and len(prompt_logprobs) == len(head.prompt_token_ids)
-            prompt_logprobs = prompt_logprobs if complete else None
+        if prompt_logprobs is not None and head.num_handed is not None:
+            # streamed: once, whole, with the first token (a stream yields nothing without a token or the end)
+            send = (not head.prompt_logprobs_handed and len(prompt_logprobs) == len(head.prompt_token_ids)
+                    and (finished or len(head.output_token_ids) > head.num_handed))
+            head.prompt_logprobs_handed |= send
+            prompt_logprobs = prompt_logprobs if send else None
         outs = []
         for r in group:
             k = r.num_handed or 0

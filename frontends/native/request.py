@@ -84,6 +84,7 @@ class Request:
     logprobs: SampleLogprobs | None = None  # filled when params.logprobs is set
     cumulative_logprob: float = 0.0  # of the output tokens, kept as they come (outputs read it in O(1))
     num_handed: int | None = None  # streamed requests: output tokens handed out (outputs hold only newer ones)
+    prompt_logprobs_handed: bool = False  # streamed requests: their prompt logprobs went out (once, whole)
     prompt_logprobs: PromptLogprobs | None = None  # filled when params.prompt_logprobs is set
     fork_parent: Request | None = None  # n > 1: the sample whose prompt blocks this one shares
 
