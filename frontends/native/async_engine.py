@@ -1,7 +1,7 @@
 """AsyncLLMEngine: the native engine behind asyncio, for a server.
 
 One thread owns the LLMEngine (and its tokenizer): it takes commands (add, abort, stop) from a queue, runs
-step() while work remains and hands each live request its output so far to the event loop. Coroutines add
+step() while work remains and hands each live request what is new in its output to the event loop. Coroutines add
 requests at any time (they join the running batch: continuous batching across callers) and iterate a
 RequestStream of deltas. A stream closed or cancelled early aborts its request, which frees its KV blocks.
 An error stays with its request: a bad prompt fails that request's add; a failing step fails the requests
@@ -284,7 +284,7 @@ class AsyncLLMEngine:
             self.stats = self._engine_stats()  # replaced whole: readers on other threads see one snapshot
 
     def _step(self) -> None:
-        """One engine step; hand every live request its output so far (or its error)."""
+        """One engine step; hand every live request what is new in its output (or its error)."""
         eng, items = self.engine, []
         try:
             finished = {out.request_id: out for out in eng.step()} if eng.has_unfinished() else {}
