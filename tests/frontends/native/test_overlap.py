@@ -67,6 +67,23 @@ def test_parity_scenarios_with_overlap(checkpoint_factory, overlap_env, scenario
     assert ours == want
 
 
+def test_mixed_steps_take_decode_inputs_on_the_device(checkpoint_factory, overlap_env, monkeypatch):
+    """Steps mixing prefill chunks with decodes whose input token is still on the device (placeholders the
+    runner resolves) happen in the chunked-prefill scenario, and its tokens equal transformers'."""
+    from atom_frontends.native.model_runner import ModelRunner
+
+    kinds, execute = [], ModelRunner.execute
+
+    def spy(self, batch):
+        kinds.append((any(s.request.num_pending for s in batch), any(s.num_new_tokens > 1 for s in batch)))
+        return execute(self, batch)
+
+    monkeypatch.setattr(ModelRunner, "execute", spy)
+    ours, want = test_parity.chunked_prefill(checkpoint_factory)
+    assert ours == want
+    assert (True, True) in kinds and (True, False) in kinds  # mixed steps and pure decode steps
+
+
 @MODES
 def test_requests_stop_exactly_mid_batch(checkpoint_factory, overlap):
     """EOS, a stop token, max_tokens=1, max_tokens and n=3 in one batch, ending at different
