@@ -300,3 +300,19 @@ def test_canary_penalties_missing_the_token_on_the_device_are_caught(checkpoint_
     monkeypatch.setattr(sampler_module, "apply_penalties", lagging)
     ours, want = penalties_and_min_tokens(checkpoint_factory, overlap=True)
     assert ours[:2] != want[:2]
+
+
+def test_the_switch(checkpoint_factory, monkeypatch):
+    """EngineArgs.overlap_scheduling wins over ATOM_OVERLAP_SCHEDULING, which sets the default (off on CPU);
+    bad values name the fix."""
+    path = checkpoint_factory("LlamaForCausalLM")
+    monkeypatch.delenv("ATOM_OVERLAP_SCHEDULING", raising=False)
+    assert not LLM(path, num_kv_blocks=64).engine.overlap  # CPU default
+    monkeypatch.setenv("ATOM_OVERLAP_SCHEDULING", "1")
+    assert LLM(path, num_kv_blocks=64).engine.overlap
+    assert not LLM(path, num_kv_blocks=64, overlap_scheduling=False).engine.overlap
+    with pytest.raises(TypeError, match="overlap_scheduling must be a bool or None"):
+        LLM(path, overlap_scheduling="yes")
+    monkeypatch.setenv("ATOM_OVERLAP_SCHEDULING", "sometimes")
+    with pytest.raises(ValueError, match="ATOM_OVERLAP_SCHEDULING='sometimes': use 1/0"):
+        LLM(path, num_kv_blocks=64)
