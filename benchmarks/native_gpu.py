@@ -6,23 +6,28 @@ one decode step must read (all weights once + the K/V of every context token, at
 128 + 64) over the device copy bandwidth measured here. Also checks that the first 16 greedy tokens
 match HF's and, where they do not, prints the fp32 logit margin of the two candidates.
 
-The native engine runs twice: as configured by default, and with ATOM_FUSED_QK_NORM_ROPE=1.
+The native engine runs three times: as configured by default (overlap scheduling on), with overlap
+scheduling off (EngineArgs.overlap_scheduling=False: the step before), and with ATOM_FUSED_QK_NORM_ROPE=1.
+"host ms" is a step's wall time minus the time the host waited for the device (CUDA event waits): with
+overlap it runs while the device computes, so a step costs max(host, device) instead of their sum.
 
 --throughput: 256 requests, prompt and output lengths uniform in [100, 1024], temperature 1,
 EOS ignored (the common offline workload); output tokens/s over the whole run, and the decode
-roofline of the same work (set ATOM_FUSED_QK_NORM_ROPE=1 in the environment for the fused op).
+roofline of the same work (set ATOM_FUSED_QK_NORM_ROPE=1 in the environment for the fused op);
+with overlap scheduling on and then off in the same run (--overlap on|off: one of them only).
 
 --shape qwen3-30b-a3b-4l: a Qwen3-30B-A3B-shaped MoE checkpoint cut to 4 layers (hidden 2048, 128 experts,
 top-8, expert intermediate 768; ~2.5 B parameters) instead; its roofline counts the expected number of distinct
 experts a decode step touches (E * (1 - (1 - k/E)^batch) per MoE layer), not all of them.
 
-    python benchmarks/native_gpu.py [--throughput] [--checkpoint DIR] [--shape NAME]
+    python benchmarks/native_gpu.py [--throughput] [--overlap both|on|off] [--checkpoint DIR] [--shape NAME]
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import os
 import random
 import tempfile
@@ -42,6 +47,8 @@ QWEN3_30B_A3B_4L = dict(vocab_size=151936, hidden_size=2048, intermediate_size=6
 SHAPES = {"qwen3-0.6b": ("Qwen3ForCausalLM", QWEN3_06B), "qwen3-30b-a3b-4l": ("Qwen3MoeForCausalLM", QWEN3_30B_A3B_4L)}
 PROMPT, NEW, PARITY_TOKENS = 128, 128, 16
 MAX_MODEL_LEN = 2048  # covers the throughput workload; also the graphs' static max_seq_len hint
+CONFIGS = (("native", False, True), ("native, no overlap", False, False),  # (name, fused prologue, overlap)
+           ("native, fused qk-norm-rope", True, True))
 DEVICE = "cuda"
 
 
@@ -150,6 +157,38 @@ class GraphTimer:
         return ", ".join(parts)
 
 
+class HostTimer:
+    """Engine steps and the seconds the host spent waiting for the device in them (CUDA event waits: the reads
+    of sampled tokens, the input builder's wait for its last copy), inside a with-block."""
+
+    def __init__(self, llm) -> None:
+        self.engine, self.steps, self.waited = llm.engine, 0, 0.0
+
+    def __enter__(self):
+        self._sync, self._step = torch.cuda.Event.synchronize, self.engine.step
+        sync, step = self._sync, self._step
+
+        def timed_sync(event):
+            t = time.perf_counter()
+            sync(event)
+            self.waited += time.perf_counter() - t
+
+        def counted_step():
+            self.steps += 1
+            return step()
+
+        torch.cuda.Event.synchronize, self.engine.step = timed_sync, counted_step
+        return self
+
+    def __exit__(self, *exc) -> None:
+        torch.cuda.Event.synchronize = self._sync
+        del self.engine.step  # back to the class's method
+
+    def host_ms(self, wall: float) -> float:
+        """Mean host milliseconds per step: wall time not spent waiting for the device."""
+        return (wall - self.waited) * 1e3 / max(self.steps, 1)
+
+
 def hf_decode(model, prompts) -> tuple[float, list[list[int]]]:
     ids = torch.tensor(prompts, device=DEVICE)  # equal lengths: no padding
 
@@ -163,8 +202,8 @@ def hf_decode(model, prompts) -> tuple[float, list[list[int]]]:
     return len(prompts) * (NEW - 1) / (tn - t1), out[:, PROMPT:].tolist()
 
 
-def native_decode(llm, prompts) -> tuple[float, float, list[list[int]]]:
-    """(decode tok/s, decode-graph GPU ms per decode step, tokens)."""
+def native_decode(llm, prompts) -> tuple[float, float, float, list[list[int]]]:
+    """(decode tok/s, decode-graph GPU ms per decode step, host ms per step, tokens)."""
     from atom_frontends.native import SamplingParams
 
     def gen(n, ps=prompts):
@@ -174,19 +213,30 @@ def native_decode(llm, prompts) -> tuple[float, float, list[list[int]]]:
     with JitWatch() as jit:
         _, t1 = timed(lambda: gen(1))
         timer = GraphTimer(llm)
-        outs, tn = timed(lambda: gen(NEW))
+        with HostTimer(llm) as host:
+            outs, tn = timed(lambda: gen(NEW))
     if jit.count:
         print(f"  note: Triton compiled {jit} inside the timed batch-{len(prompts)} decode")
     graph_ms = timer.seconds() * 1e3 / max(len(timer.events), 1)
-    return len(prompts) * (NEW - 1) / (tn - t1), graph_ms, [o.outputs[0].token_ids for o in outs]
+    return (len(prompts) * (NEW - 1) / (tn - t1), graph_ms, host.host_ms(tn),
+            [o.outputs[0].token_ids for o in outs])
 
 
-def native_engine(path: str, fused: bool, **kw):
-    """The engine with ATOM_FUSED_QK_NORM_ROPE on or off (read when the config is built)."""
+def native_engine(path: str, fused: bool, overlap: bool = True, **kw):
+    """The engine with ATOM_FUSED_QK_NORM_ROPE on or off (read when the config is built) and overlap
+    scheduling on or off."""
     from atom_frontends.native import LLM
 
     os.environ["ATOM_FUSED_QK_NORM_ROPE"] = "1" if fused else "0"
-    return LLM(path, dtype="bfloat16", max_model_len=MAX_MODEL_LEN, **kw)
+    llm = LLM(path, dtype="bfloat16", max_model_len=MAX_MODEL_LEN, overlap_scheduling=overlap, **kw)
+    assert llm.engine.overlap == overlap
+    return llm
+
+
+def free_gpu() -> None:
+    """Give back the memory of engines no longer referenced (weights, KV cache, graph pools)."""
+    gc.collect()
+    torch.cuda.empty_cache()
 
 
 @torch.inference_mode()
@@ -208,7 +258,7 @@ def margins(model32, prompts, ref, got) -> list[str]:
     return lines
 
 
-def latency(path: str) -> None:
+def latency(path: str, configs) -> None:
     from transformers import AutoModelForCausalLM
 
     bw = copy_bandwidth()
@@ -229,35 +279,41 @@ def latency(path: str) -> None:
     batches = {b: prompts_for(b, seed=b, vocab=cfg.vocab_size) for b in (1, 32)}
     hf_runs = {b: hf_decode(hf, ps) for b, ps in batches.items()}
     rows, parity = [], []
-    for name, fused in (("native", False), ("native, fused qk-norm-rope", True)):
-        llm = native_engine(path, fused, max_num_seqs=32, kv_cache_memory=8 << 30, enable_prefix_caching=False)
+    for name, fused, overlap in configs:
+        llm = native_engine(path, fused, overlap, max_num_seqs=32, kv_cache_memory=8 << 30,
+                            enable_prefix_caching=False)
         assert llm.engine.runner.graphs is not None, "CUDA graphs are off"
         for b, prompts in batches.items():
-            tps, graph_ms, tokens = native_decode(llm, prompts)
+            tps, graph_ms, host_ms, tokens = native_decode(llm, prompts)
             roof = b * bw / (bytes_read(b) + b * (PROMPT + NEW / 2) * kv_per_token)
-            rows.append((b, name, tps, b / tps * 1e3, graph_ms, tps / roof, tps / hf_runs[b][0]))
+            rows.append((b, name, tps, b / tps * 1e3, graph_ms, host_ms, tps / roof, tps / hf_runs[b][0]))
             parity.append((f"{name}, batch {b}", prompts, hf_runs[b][1], tokens))
         del llm
-        torch.cuda.empty_cache()
+        free_gpu()
     hf.float()  # the fp32 oracle for margins
     for what, prompts, ref, got in parity:
         same = sum(r[:PARITY_TOKENS] == g[:PARITY_TOKENS] for r, g in zip(ref, got))
         print(f"bf16 parity, {what}: first {PARITY_TOKENS} greedy tokens match HF for {same}/{len(ref)} prompts")
         for line in margins(hf, prompts, ref, got):
             print(line)
-    print(f"\n{'batch':>5}  {'engine':<27} {'tok/s':>9} {'ms/step':>8} {'graph GPU ms':>13} "
+    print(f"\n{'batch':>5}  {'engine':<27} {'tok/s':>9} {'ms/step':>8} {'graph GPU ms':>13} {'host ms':>8} "
           f"{'of roofline':>12} {'vs HF':>7}")
     for b, (hf_tps, _) in hf_runs.items():
         print(f"{b:>5}  {'HF generate':<27} {hf_tps:>9.1f} {b / hf_tps * 1e3:>8.2f}")
         for row in rows:
             if row[0] == b:
-                print(f"{b:>5}  {row[1]:<27} {row[2]:>9.1f} {row[3]:>8.2f} {row[4]:>13.2f} {row[5]:>12.1%} "
-                      f"{row[6]:>7.1f}")
+                print(f"{b:>5}  {row[1]:<27} {row[2]:>9.1f} {row[3]:>8.2f} {row[4]:>13.2f} {row[5]:>8.2f} "
+                      f"{row[6]:>12.1%} {row[7]:>7.1f}")
+    tps = {(r[0], r[1]): r[2] for r in rows}
+    if all((b, name) in tps for b in batches for name in ("native", "native, no overlap")):
+        print("overlap scheduling: " + ", ".join(f"batch {b} x{tps[b, 'native'] / tps[b, 'native, no overlap']:.2f}"
+                                                  for b in batches) + " (native / native, no overlap)")
     print("(roofline: weights + KV at mean context 192 read once per decode step at the copy bandwidth; "
-          "graph GPU ms: the decode forward alone, the rest of a step is host work + logits + sampling)")
+          "graph GPU ms: the decode forward alone, the rest of a step is host work + logits + sampling; "
+          "host ms: a step's wall time minus its waits for the device)")
 
 
-def throughput(path: str) -> None:
+def throughput(path: str, overlaps: tuple[bool, ...]) -> None:
     from atom_frontends.native import SamplingParams
 
     rng = random.Random(0)
@@ -265,37 +321,52 @@ def throughput(path: str) -> None:
     vocab = QWEN3_06B["vocab_size"]
     prompts = [[rng.randrange(3, vocab) for _ in range(p)] for p, _ in lens]
     params = [SamplingParams(temperature=1.0, top_p=1.0, max_tokens=o, ignore_eos=True) for _, o in lens]
+    bw = copy_bandwidth()
+    rates = {}
+    for overlap in overlaps:
+        rates[overlap] = throughput_run(path, overlap, prompts, params, lens, bw)
+        free_gpu()
+    if len(rates) == 2:
+        print(f"\noverlap scheduling: output tok/s {rates[True]:.0f} on vs {rates[False]:.0f} off: "
+              f"x{rates[True] / rates[False]:.2f}")
+
+
+def throughput_run(path: str, overlap: bool, prompts, params, lens, bw: float) -> float:
+    """One timed run of the offline workload; prints its lines, returns output tokens/s."""
+    from atom_frontends.native import SamplingParams
+
     fused = os.environ.get("ATOM_FUSED_QK_NORM_ROPE", "0") == "1"
-    llm = native_engine(path, fused, max_num_seqs=256, max_num_batched_tokens=8192)
+    llm = native_engine(path, fused, overlap, max_num_seqs=256, max_num_batched_tokens=8192)
     # Warm-up: the same prompts reversed (no prefix-cache hits later), 2 tokens each, so the eager steps mixing
     # prefills with decodes JIT-compile their Triton variants here rather than in the timed run.
     warm = [p[::-1] for p in prompts]
     llm.generate(warm, SamplingParams(temperature=1.0, max_tokens=2, ignore_eos=True), use_tqdm=False)
     timer = GraphTimer(llm)
-    with JitWatch() as jit:
+    with JitWatch() as jit, HostTimer(llm) as host:
         outs, t = timed(lambda: llm.generate(prompts, params, use_tqdm=False))
-    n_out = sum(len(o.outputs[0].token_ids) for o in outs)
+    n_in, n_out = sum(p for p, _ in lens), sum(len(o.outputs[0].token_ids) for o in outs)
     assert n_out == sum(o for _, o in lens)
-    n_in = sum(p for p, _ in lens)
     graph_s = timer.seconds()
     # Roofline: every decode step reads the weights once and the K/V of each running sequence's context.
     runner = llm.engine.runner
     weight_bytes = sum(p.numel() * p.element_size() for p in llm.engine.model.parameters())
     kv_reads = sum(o * p + o * (o - 1) // 2 for p, o in lens)  # context tokens over all decode steps
-    bw = copy_bandwidth()
     roof_s = (kv_reads * runner.bytes_per_block() / llm.engine.config.block_size
               + len(timer.events) * weight_bytes) / bw
-    print(f"256 requests, {n_in} prompt + {n_out} output tokens in {t:.2f} s; "
-          f"preemptions {llm.engine.scheduler.num_preemptions}; fused qk-norm-rope {fused}")
+    print(f"\noverlap scheduling {'on' if overlap else 'off'}: 256 requests, {n_in} prompt + {n_out} output tokens "
+          f"in {t:.2f} s; preemptions {llm.engine.scheduler.num_preemptions}; fused qk-norm-rope {fused}")
     print(f"decode graphs: {len(timer.events)} replays, {graph_s:.2f} s on the GPU ({graph_s / t:.0%} of the run); "
           f"the rest is eager prefill steps, logits + sampling and host work")
     print(f"decode graph GPU time per replay by padded batch size: {timer.by_size()}")
+    print(f"{host.steps} steps: host {host.host_ms(t):.2f} ms/step, wall {t * 1e3 / max(host.steps, 1):.2f} ms/step "
+          f"(the host waited for the device {host.waited / t:.0%} of the run)")
     print(f"Triton JIT compilations inside the timed run: {jit}")
-    print(f"\n{'metric':<22} {'native':>10} {'goal':>8} {'native/goal':>12}")
+    print(f"{'metric':<22} {'native':>10} {'goal':>8} {'native/goal':>12}")
     print(f"{'output tok/s':<22} {n_out / t:>10.0f} {13000:>8} {n_out / t / 13000:>12.2f}")
     print(f"{'total tok/s':<22} {(n_in + n_out) / t:>10.0f}")
     print(f"{'decode roofline tok/s':<22} {n_out / roof_s:>10.0f}   (copy bandwidth {bw / 1e12:.2f} TB/s; "
           f"native reaches {roof_s / t:.0%})")
+    return n_out / t
 
 
 def main() -> None:
@@ -303,12 +374,18 @@ def main() -> None:
     ap.add_argument("--throughput", action="store_true", help="the 256-request offline workload")
     ap.add_argument("--checkpoint", help="where the random checkpoint is (built there if missing)")
     ap.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-0.6b")
+    ap.add_argument("--overlap", choices=["both", "on", "off"], default="both",
+                    help="overlap scheduling of the native engine: both (a before/after in one run), on or off")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     path = checkpoint(args.checkpoint, args.shape)
     print(f"{datetime.date.today()} {torch.cuda.get_device_name()} torch {torch.__version__}; "
           f"{args.shape}-shaped random checkpoint, bf16")
-    (throughput if args.throughput else latency)(path)
+    overlaps = {"both": (True, False), "on": (True,), "off": (False,)}[args.overlap]
+    if args.throughput:
+        throughput(path, overlaps)
+    else:
+        latency(path, [c for c in CONFIGS if c[2] in overlaps])
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """AsyncLLMEngine: the native engine behind asyncio, for a server.
 
 One thread owns the LLMEngine (and its tokenizer): it takes commands (add, abort, stop) from a queue, runs
-step() while work remains and hands each live request its output so far to the event loop. Coroutines add
+step() while work remains and hands each live request what is new in its output to the event loop. Coroutines add
 requests at any time (they join the running batch: continuous batching across callers) and iterate a
 RequestStream of deltas. A stream closed or cancelled early aborts its request, which frees its KV blocks.
 An error stays with its request: a bad prompt fails that request's add; a failing step fails the requests
@@ -39,7 +39,9 @@ class EngineStoppedError(RuntimeError):
 class RequestStream:
     """One request's outputs: `async for out in stream` yields RequestOutputs holding only what is new in each
     sample (text, token_ids, logprobs; finish_reason once it ends). Text that could still turn out to begin a
-    stop string is held back until it cannot (vLLM does the same), so streamed text is never taken back."""
+    stop string is held back until it cannot (vLLM does the same), so streamed text is never taken back.
+    The engine hands the stream only what is new (LLMEngine.enqueue(stream=True)); news the consumer has not
+    taken yet are merged."""
 
     def __init__(self, engine: AsyncLLMEngine, request_id: str, params: SamplingParams) -> None:
         self.request_id, self.params, self._engine = request_id, params, engine
@@ -50,16 +52,16 @@ class RequestStream:
         self._latest: RequestOutput | None = None
         self._error: BaseException | None = None
         self._hold = max((len(s) for s in params.stop), default=1) - 1
-        self._sent_text, self._sent_tokens = [0] * params.n, [0] * params.n
+        self._sent_text = [0] * params.n
         self._ended = [False] * params.n
-        self._sent_prompt_logprobs = False
         self._closed = False  # the final output was yielded
 
     def _put(self, item: RequestOutput | BaseException) -> None:  # on the event loop
         if isinstance(item, BaseException):
             self._error, self.done = item, True
         else:
-            self._latest, self.done = item, item.finished
+            self._latest = item if self._latest is None else _merged(self._latest, item)
+            self.done = item.finished
         self._event.set()
 
     def abort(self) -> None:
@@ -90,24 +92,30 @@ class RequestStream:
             raise
 
     def _delta(self, out: RequestOutput) -> RequestOutput | None:
-        """What `out` (the output so far) adds to what was yielded; None when nothing (never when finished)."""
+        """What `out` (the news: new tokens and logprobs, the text so far) adds to what was yielded; None when
+        nothing (never when finished)."""
         outs = []
         for c in out.outputs:
             i, ended = c.index, c.finish_reason is not None
             end = len(c.text) if ended else max(self._sent_text[i], len(c.text) - self._hold)
-            text, tokens = c.text[self._sent_text[i] : end], c.token_ids[self._sent_tokens[i] :]
-            logprobs = None if c.logprobs is None else c.logprobs[self._sent_tokens[i] :]
-            if not text and not tokens and (self._ended[i] or not ended):
+            text = c.text[self._sent_text[i] : end]
+            if not text and not c.token_ids and (self._ended[i] or not ended):
                 continue
-            self._sent_text[i], self._sent_tokens[i], self._ended[i] = end, len(c.token_ids), ended
-            outs.append(replace(c, text=text, token_ids=tokens, logprobs=logprobs))
+            self._sent_text[i], self._ended[i] = end, ended
+            outs.append(replace(c, text=text))
         if not outs and not out.finished:
             return None
-        first = not self._sent_prompt_logprobs and out.prompt_logprobs is not None
-        if first and len(out.prompt_logprobs) < len(out.prompt_token_ids):
-            first = False  # chunked prefill still under way: send them whole, later
-        self._sent_prompt_logprobs |= first
-        return replace(out, outputs=outs, prompt_logprobs=out.prompt_logprobs if first else None)
+        return replace(out, outputs=outs)
+
+
+def _merged(old: RequestOutput, new: RequestOutput) -> RequestOutput:
+    """Two outputs of news (one sample each in the same order) as one; old's lists, which the stream owns, grow."""
+    for o, c in zip(old.outputs, new.outputs):
+        o.token_ids += c.token_ids
+        if o.logprobs is not None:
+            o.logprobs += c.logprobs
+    outs = [replace(c, token_ids=o.token_ids, logprobs=o.logprobs) for o, c in zip(old.outputs, new.outputs)]
+    return replace(new, outputs=outs, prompt_logprobs=old.prompt_logprobs or new.prompt_logprobs)
 
 
 class AsyncLLMEngine:
@@ -276,7 +284,7 @@ class AsyncLLMEngine:
             self.stats = self._engine_stats()  # replaced whole: readers on other threads see one snapshot
 
     def _step(self) -> None:
-        """One engine step; hand every live request its output so far (or its error)."""
+        """One engine step; hand every live request what is new in its output (or its error)."""
         eng, items = self.engine, []
         try:
             finished = {out.request_id: out for out in eng.step()} if eng.has_unfinished() else {}

@@ -87,12 +87,15 @@ class BlockManager:
         return True
 
     def cache_full_blocks(self, req: Request) -> None:
-        """Register every block of `req` that is now full and computed."""
+        """Register every block of `req` that is now full and computed. With overlap scheduling the positions of
+        tokens still on the device (num_pending) are not: the step computing them may be dropped (the request
+        ends at the token before) and their ids are not known yet."""
         bs = self.block_size
-        if not self.enable_prefix_caching or len(req.block_hashes) >= req.num_computed_tokens // bs:
+        full = (req.num_computed_tokens - req.num_pending) // bs
+        if not self.enable_prefix_caching or len(req.block_hashes) >= full:
             return  # nothing newly full: skip building the token list (this runs every step)
         tokens = req.all_token_ids
-        for j in range(len(req.block_hashes), req.num_computed_tokens // bs):
+        for j in range(len(req.block_hashes), full):
             parent = req.block_hashes[-1] if req.block_hashes else None
             h = block_hash(parent, tokens[j * bs : (j + 1) * bs])
             req.block_hashes.append(h)

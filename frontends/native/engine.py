@@ -1,4 +1,12 @@
-"""LLMEngine: request intake, the step loop, and output assembly for the native host."""
+"""LLMEngine: request intake, the step loop, and output assembly for the native host.
+
+Overlap scheduling (EngineArgs.overlap_scheduling): step() schedules and launches batch n, then reads
+and applies the tokens of batch n-1, so the host's work for batch n+1 runs while the device computes
+batch n. A request whose token is still on the device is scheduled with it as its next input (the
+runner reads it on the device); when that token turns out to end the request (EOS, stop token or
+string), the request's part of the batch launched meanwhile is dropped and its blocks are freed.
+Requests ending by length are known on the host and get no such extra work.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from atom_core.config import env_flag
 from atom_core.loader import load_model
 from atom_core.plugins import current_platform, translate_config
 from atom_frontends.native.block_manager import BlockManager
@@ -19,8 +28,9 @@ from atom_frontends.native.hooks import NATIVE
 from atom_frontends.native.kv_memory import default_kv_cache_bytes, format_size
 from atom_frontends.native.model_runner import ModelRunner
 from atom_frontends.native.request import CompletionOutput, Logprob, Request, RequestOutput, Status
+from atom_frontends.native.sampler import StepOutput
 from atom_frontends.native.sampling_params import SamplingParams
-from atom_frontends.native.scheduler import Scheduler
+from atom_frontends.native.scheduler import Scheduled, Scheduler
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +72,12 @@ class LLMEngine:
         num_blocks = self._num_kv_blocks()
         self.runner.allocate_kv_cache(num_blocks)
         self.block_manager = BlockManager(num_blocks, self.config.block_size, args.enable_prefix_caching)
-        self.scheduler = Scheduler(self.block_manager, self.config.max_num_seqs, self.config.max_num_batched_tokens)
+        self.scheduler = Scheduler(self.block_manager, self.config.max_num_seqs, self.config.max_num_batched_tokens,
+                                   self.config.max_model_len)
+        on_gpu = self.platform.device.type == "cuda"
+        self.overlap = (env_flag("ATOM_OVERLAP_SCHEDULING", on_gpu) if args.overlap_scheduling is None
+                        else args.overlap_scheduling)
+        self._in_flight: tuple[list[Scheduled], StepOutput] | None = None  # overlap: launched, not read yet
         self.tokenizer = load_tokenizer(args.model)
         self.eos_token_ids = eos_token_ids(args.model, self.config.hf_config)
         self.vocab_size = self.config.hf_config.vocab_size
@@ -150,7 +165,8 @@ class LLMEngine:
                 request_id: str | None = None, stream: bool = False) -> str:
         """Queue a request whose prompt and params came out of check_prompt / check_params: its n samples
         as n sequences; samples 1.. wait for sample 0's prefill and then share its prompt blocks.
-        stream=True: its text is decoded as tokens come, so current_output() shows it before the end."""
+        stream=True: its text is decoded as tokens come, and each of its outputs (current_output(), the final
+        one) holds only the tokens and logprobs since the previous one, its prompt logprobs once complete."""
         rid = request_id
         while rid is None or (request_id is None and rid in self._groups):  # auto ids skip the ids users gave
             rid = str(next(self._ids))
@@ -167,6 +183,8 @@ class LLMEngine:
                                               incremental=stream)
             if params.logprobs is not None:
                 req.logprobs = []
+            if stream:
+                req.num_handed = 0
             samples.append(req)
             self.scheduler.add(req)
         if params.prompt_logprobs is not None:
@@ -176,20 +194,44 @@ class LLMEngine:
 
     # ---- the loop ----------------------------------------------------------------------------
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished() or bool(self._aborted)
+        return self.scheduler.has_unfinished() or bool(self._aborted) or self._in_flight is not None
 
     def step(self) -> list[RequestOutput]:
-        """Run one batch; return the requests that finished in it (and those aborted since the last step)."""
+        """Run one batch; return the requests that finished in it (and those aborted since the last step).
+        With overlap scheduling: launch one batch, then apply the one launched by the previous step()."""
         finished, self._aborted = self._aborted, []
         batch = self.scheduler.schedule()
-        if not batch:
-            return finished
-        results = self.runner.execute(batch)
-        for s, res in zip(batch, results):
+        launched = (batch, self._launch(batch)) if batch else None
+        if self.overlap:
+            launched, self._in_flight = self._in_flight, launched
+        if launched is not None:
+            finished += self._apply(*launched)
+        return finished
+
+    def _launch(self, batch: list[Scheduled]) -> StepOutput:
+        """Start the batch on the device; its positions count as computed from now on, the tokens it samples as
+        pending (on the device, row pending_row of the step's sampled tokens) until _apply reads them."""
+        out = self.runner.execute(batch)
+        row = 0
+        for s in batch:
             req = s.request
             req.num_computed_tokens += s.num_new_tokens
-            # before a finished request frees its blocks: those it filled in this last step count too
-            self.block_manager.cache_full_blocks(req)
+            if s.completes:
+                req.num_pending += 1
+                req.pending_row, row = row, row + 1
+        return out
+
+    def _apply(self, batch: list[Scheduled], out: StepOutput) -> list[RequestOutput]:
+        """Read a launched batch's results and apply them: new tokens, logprobs, stops."""
+        finished = []
+        for s, res in zip(batch, out.results()):
+            req = s.request
+            req.num_pending -= s.completes
+            if req.status is Status.FINISHED:
+                continue  # aborted, or ended by its token of the batch before: its part of this one is dropped
+            if req.status is Status.RUNNING:  # (preempted since launch: its blocks are gone, its token is not)
+                # before a finished request frees its blocks: those it filled in this last step count too
+                self.block_manager.cache_full_blocks(req)
             if res.prompt_logprobs:
                 req.prompt_logprobs += self._logprob_dicts(res.prompt_logprobs)
             if res.token is None:
@@ -197,6 +239,7 @@ class LLMEngine:
             req.output_token_ids.append(res.token)
             if res.logprobs is not None:
                 req.logprobs += self._logprob_dicts([res.logprobs])
+                req.cumulative_logprob += res.logprobs[1][0]  # the sampled token's, listed first
             if self._check_stop(req, res.token):
                 self.scheduler.finish(req, req.finish_reason)
                 group = self._groups[req.request_id]
@@ -238,42 +281,49 @@ class LLMEngine:
 
     def current_output(self, request_id: str) -> RequestOutput | None:
         """A live request's output so far (finished=False; a sample that ended has its finish_reason), for
-        streaming; None when no live request has that id."""
+        streaming (a streamed request's: what is new since its last output); None when no live request has
+        that id."""
         group = self._groups.get(request_id)
         return None if group is None else self._output(group, finished=False)
 
     def _output(self, group: list[Request], finished: bool = True) -> RequestOutput:
-        """The group's RequestOutput; finished=True also forgets the group (its id may then be reused)."""
+        """The group's RequestOutput; finished=True also forgets the group (its id may then be reused). Lists
+        are copies, as a live request's keep growing; a streamed request's hold only what is new, so building
+        them takes time in the news, not in the request's length."""
         head = group[0]
         if finished:
             del self._groups[head.request_id]
-        # copies of the lists, as a live request's keep growing
-        outs = [CompletionOutput(r.index, r.detokenizer.text if r.detokenizer is not None else "",
-                                 list(r.output_token_ids), _cumulative(r.logprobs, r.output_token_ids),
-                                 None if r.logprobs is None else list(r.logprobs), r.finish_reason, r.stop_reason)
-                for r in group]
-        prompt_logprobs = None if head.prompt_logprobs is None else list(head.prompt_logprobs)
-        return RequestOutput(head.request_id, head.prompt, head.prompt_token_ids, prompt_logprobs, outs, finished,
+        prompt_logprobs = head.prompt_logprobs
+        if prompt_logprobs is not None and head.num_handed is not None:
+            # streamed: once, whole, with the first token (a stream yields nothing without a token or the end)
+            send = (not head.prompt_logprobs_handed and len(prompt_logprobs) == len(head.prompt_token_ids)
+                    and (finished or len(head.output_token_ids) > head.num_handed))
+            head.prompt_logprobs_handed |= send
+            prompt_logprobs = prompt_logprobs if send else None
+        outs = []
+        for r in group:
+            k = r.num_handed or 0
+            lps = None if r.logprobs is None else r.logprobs[k:]
+            outs.append(CompletionOutput(r.index, r.detokenizer.text if r.detokenizer is not None else "",
+                                         r.output_token_ids[k:], None if lps is None else r.cumulative_logprob, lps,
+                                         r.finish_reason, r.stop_reason))
+            if r.num_handed is not None:
+                r.num_handed = len(r.output_token_ids)
+        return RequestOutput(head.request_id, head.prompt, head.prompt_token_ids,
+                             None if prompt_logprobs is None else list(prompt_logprobs), outs, finished,
                              max(head.num_cached_tokens, 0))
 
     def abort(self, request_id: str) -> bool:
-        """Stop a request; its output (finish_reason "abort") comes out of the next step()."""
+        """Stop a request; its output (finish_reason "abort") comes out of the next step(). Tokens still on the
+        device (overlap scheduling) are dropped."""
         group = self._groups.get(request_id)
         if group is None:
             return False
         for req in group:
-            if req.status is Status.RUNNING:
-                self.scheduler.finish(req, "abort")
-            elif req.status is Status.WAITING:
-                self.scheduler.waiting.remove(req)
-                req.status, req.finish_reason = Status.FINISHED, "abort"
-            else:
+            if req.status is Status.FINISHED:
                 continue
+            self.scheduler.finish(req, "abort")
             if req.detokenizer is not None:
                 req.detokenizer.finish()
         self._aborted.append(self._output(group))
         return True
-
-
-def _cumulative(logprobs: list[dict[int, Logprob]] | None, tokens: list[int]) -> float | None:
-    return None if logprobs is None else sum(d[t].logprob for d, t in zip(logprobs, tokens))

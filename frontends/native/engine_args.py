@@ -23,6 +23,10 @@ class EngineArgs:
     kv_cache_dtype: str = "auto"
     enable_prefix_caching: bool = True
     enforce_eager: bool = False
+    # Overlap scheduling: the host schedules and builds step n+1 while the device runs step n, whose sampled
+    # tokens are read once step n+1 is launched (the same results). None: the environment variable
+    # ATOM_OVERLAP_SCHEDULING (1/0) if set, else on for a CUDA device and off on CPU (nothing to overlap there).
+    overlap_scheduling: bool | None = None
     # Seed of the engine's sampling generator. 0 as in vLLM, so sampled output repeats from run to run;
     # None draws a fresh seed (SamplingParams.seed still seeds single requests).
     seed: int | None = 0
@@ -34,6 +38,8 @@ class EngineArgs:
                 raise ValueError(f"{name} must be a positive int or None, got {value!r}")
         if self.num_kv_blocks is not None and self.kv_cache_memory is not None:
             raise ValueError("set num_kv_blocks or kv_cache_memory, not both (they size the same KV cache)")
+        if self.overlap_scheduling is not None and not isinstance(self.overlap_scheduling, bool):
+            raise TypeError(f"overlap_scheduling must be a bool or None, got {self.overlap_scheduling!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
             raise TypeError(f"seed must be an int or None, got {type(self.seed).__name__}")
 

@@ -40,9 +40,13 @@ class StepInputs:
 
 
 def _tokens(r: Request, start: int, n: int) -> list[int]:
-    """r.all_token_ids[start:start + n] without concatenating the whole history."""
+    """r.all_token_ids[start:start + n] without concatenating the whole history. A token still on the device
+    (overlap scheduling: always the only new token of its sequence) is written as -1 - r.pending_row, which
+    the runner replaces with row pending_row of the previous step's sampled tokens."""
     p = r.prompt_token_ids
     if start >= len(p):
+        if r.num_pending:
+            return [-1 - r.pending_row]
         return r.output_token_ids[start - len(p) : start - len(p) + n]
     if start + n <= len(p):
         return p[start : start + n]

@@ -1,8 +1,10 @@
 """Runs one scheduled step: builds inputs + metadata, runs the model (eagerly or as a CUDA graph), samples.
 
-On GPU nothing in a decode step waits for the device except reading the sampled tokens: inputs
-reach the device through non-blocking copies, logits rows are gathered with device indices and
-the sampler is vectorised.
+On GPU nothing in a step waits for the device: inputs reach the device through non-blocking copies,
+logits rows are gathered with device indices, the sampler is vectorised, and execute() returns a
+StepOutput whose results() is the one read. With overlap scheduling a decode input may be a token the
+previous step sampled and the host has not read: the input builder writes -1 - j for row j of that
+step's sampled tokens, replaced here on the device before the forward.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from atom_core.platform import Platform
 from atom_core.plugins import metadata_builder
 from atom_frontends.native.attention import NativeCacheLayer
 from atom_frontends.native.cuda_graphs import DecodeGraphs, batch_size_ladder, why_not_capturable
-from atom_frontends.native.sampler import SeqResult, sample, to_device, top_logprobs
+from atom_frontends.native.sampler import StepOutput, sample, to_device, top_logprobs
 from atom_frontends.native.scheduler import Scheduled
 
 FP8_KV = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn}
@@ -37,6 +39,7 @@ class ModelRunner:
         self.num_blocks = 0
         self.inputs = None  # built with the KV cache, once config.max_model_len is final
         self.graphs: DecodeGraphs | None = None
+        self.last_tokens: torch.Tensor | None = None  # [R] the latest step's sampled tokens, on the device
 
     @property
     def kv_dtype(self) -> torch.dtype:
@@ -77,32 +80,41 @@ class ModelRunner:
         return self.graphs.padded_size(len(batch))
 
     @torch.inference_mode()
-    def execute(self, batch: list[Scheduled]) -> list[SeqResult]:
-        """One result per scheduled request: its sampled token (None for partial chunks), logprobs asked for."""
+    def execute(self, batch: list[Scheduled]) -> StepOutput:
+        """Launch one step; its StepOutput gives one result per scheduled request (the sampled token, None for
+        partial chunks, and the logprobs asked for) when read."""
         size = self._graph_size(batch)
         step = self.inputs.build(batch, graph_size=size)
+        if any(s.request.num_pending for s in batch):
+            self.resolve_pending(step.input_ids)
         if size is None:
             with set_forward_context(step.metadata):
                 hidden = self.model(step.input_ids, step.metadata.positions)
         else:
             hidden = self.graphs.replay(size)
-        result = [SeqResult() for _ in batch]
-        if any(s.request.prompt_logprobs is not None for s in batch):
-            self._prompt_logprobs(batch, hidden, result)
+        reqs = [s.request for s in batch]
+        prompt = self._prompt_logprobs(batch, hidden) if any(r.prompt_logprobs is not None for r in reqs) else {}
         rows = [i for i, s in enumerate(batch) if s.completes]
-        if not rows:
-            return result
-        logits = self.model.compute_logits(hidden[step.logits_indices])
-        for i, res in zip(rows, sample(logits, [batch[i].request for i in rows], self.generator)):
-            res.prompt_logprobs = result[i].prompt_logprobs
-            result[i] = res
-        return result
+        sampled = None
+        if rows:
+            logits = self.model.compute_logits(hidden[step.logits_indices])
+            sampled = sample(logits, [reqs[i] for i in rows], self.generator, self.last_tokens)
+        out = StepOutput(reqs, rows, sampled, prompt)
+        self.last_tokens = out.tokens
+        return out
 
-    def _prompt_logprobs(self, batch: list[Scheduled], hidden: torch.Tensor, result: list[SeqResult]) -> None:
-        """For requests that ask for prompt logprobs: the logprobs of each prompt token this chunk predicts
-        (hidden row of position p → prompt token p + 1), skipping positions a recompute already gave."""
-        start = 0  # the chunk of batch[i] is hidden[start : start + num_new_tokens]
-        for s, res in zip(batch, result):
+    def resolve_pending(self, input_ids: torch.Tensor) -> None:
+        """input_ids [T] on the device: each -1 - j becomes row j of the previous step's sampled tokens (in
+        place, so a CUDA graph reads it), without the host reading them."""
+        rows = (-1 - input_ids).clamp_(min=0)
+        input_ids.copy_(torch.where(input_ids < 0, self.last_tokens[rows], input_ids))
+
+    def _prompt_logprobs(self, batch: list[Scheduled], hidden: torch.Tensor) -> dict[int, torch.Tensor]:
+        """For requests that ask for prompt logprobs: batch index → the top_logprobs table (on the device) of
+        each prompt token this chunk predicts (hidden row of position p → prompt token p + 1), skipping
+        positions a recompute already gave."""
+        out, start = {}, 0  # the chunk of batch[i] is hidden[start : start + num_new_tokens]
+        for i, s in enumerate(batch):
             req = s.request
             first, n = max(req.num_computed_tokens, len(req.prompt_logprobs or [None]) - 1), req.params.prompt_logprobs
             end = min(req.num_computed_tokens + s.num_new_tokens, len(req.prompt_token_ids) - 1)
@@ -110,5 +122,6 @@ class ModelRunner:
                 rows = torch.arange(first, end, device=hidden.device) - req.num_computed_tokens + start
                 logprobs = self.model.compute_logits(hidden[rows]).float().log_softmax(dim=-1)
                 targets = to_device(req.prompt_token_ids[first + 1 : end + 1], torch.int64, hidden.device)
-                res.prompt_logprobs = top_logprobs(logprobs, targets, n)
+                out[i] = top_logprobs(logprobs, targets, n)
             start += s.num_new_tokens
+        return out

@@ -68,7 +68,11 @@ class Request:
     eos_token_ids: frozenset[int]
     output_token_ids: list[int] = field(default_factory=list)
     status: Status = Status.WAITING
-    num_computed_tokens: int = 0  # tokens whose K/V are in the cache
+    num_computed_tokens: int = 0  # tokens whose K/V are in the cache, or being computed by a launched step
+    # Overlap scheduling: tokens sampled by launched steps whose values the host has not read yet (0, 1, or 2
+    # for a moment), and the row of the latest one in its step's device tensor of sampled tokens.
+    num_pending: int = 0
+    pending_row: int = 0
     block_ids: list[int] = field(default_factory=list)
     block_hashes: list[bytes] = field(default_factory=list)  # of the full, computed blocks
     num_cached_tokens: int = -1  # prefix-cache hit at first schedule (-1: not scheduled yet)
@@ -78,6 +82,9 @@ class Request:
     detokenizer: Detokenizer | None = None
     index: int = 0  # sample index within its parent request
     logprobs: SampleLogprobs | None = None  # filled when params.logprobs is set
+    cumulative_logprob: float = 0.0  # of the output tokens, kept as they come (outputs read it in O(1))
+    num_handed: int | None = None  # streamed requests: output tokens handed out (outputs hold only newer ones)
+    prompt_logprobs_handed: bool = False  # streamed requests: their prompt logprobs went out (once, whole)
     prompt_logprobs: PromptLogprobs | None = None  # filled when params.prompt_logprobs is set
     fork_parent: Request | None = None  # n > 1: the sample whose prompt blocks this one shares
 

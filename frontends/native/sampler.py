@@ -2,9 +2,10 @@
 and logprobs, in vLLM's order (raw logprobs → min_tokens → penalties → greedy | temperature → min_p →
 top-k/top-p → draw).
 
-Vectorised over the batch and free of host syncs until the final read of the sampled ids: per-request
-values travel to the device in one non-blocking copy from pinned memory. Requests that ask for logprobs
-add one more read.
+Vectorised over the batch and free of host syncs: per-request values travel to the device in non-blocking
+copies from pinned memory, and the sampled ids and logprobs stay on the device in a StepOutput, whose
+results() is the step's one read. With overlap scheduling a request's previous token may not have been read
+yet (Request.num_pending): min_tokens counts it and the penalties add it on the device.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def _mask_stop_tokens(logits: torch.Tensor, reqs: list[Request]) -> None:
     """Until a request has min_tokens outputs, its EOS/stop tokens cannot be chosen."""
     rows, cols = [], []
     for row, req in enumerate(reqs):
-        if len(req.output_token_ids) < req.params.min_tokens:
+        if len(req.output_token_ids) + req.num_pending < req.params.min_tokens:
             ids = [t for t in req.stop_ids if t < logits.shape[1]]
             rows += [row] * len(ids)
             cols += ids
@@ -53,12 +54,17 @@ def _token_counts(token_lists: list[list[int]], vocab: int, device: torch.device
     return counts.scatter_add_(1, padded, torch.ones_like(padded, dtype=torch.float32))[:, :vocab]
 
 
-def apply_penalties(logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
+def apply_penalties(logits: torch.Tensor, reqs: list[Request], last: torch.Tensor | None = None) -> torch.Tensor:
     """logits [N, V] float32 → penalized, as vLLM: repetition (HF's rule: divide positive logits, multiply
     negative ones) over prompt + output tokens, then frequency (per output occurrence) and presence
-    (once per output token)."""
+    (once per output token). last: the previous step's sampled tokens on the device, where the tokens of
+    requests with num_pending are (row pending_row)."""
     vocab, dev = logits.shape[1], logits.device
     out_counts = _token_counts([r.output_token_ids for r in reqs], vocab, dev)
+    pending = [(row, r.pending_row) for row, r in enumerate(reqs) if r.num_pending]
+    if pending:  # the outputs the host has not read yet count too, added on the device
+        rows, src = to_device(list(zip(*pending)), torch.int64, dev)
+        out_counts.index_put_((rows, last[src]), torch.ones(len(pending), device=dev), accumulate=True)
     seen = _token_counts([r.prompt_token_ids for r in reqs], vocab, dev).bool() | out_counts.bool()
     rep, freq, pres = to_device([[r.params.repetition_penalty for r in reqs],
                                   [r.params.frequency_penalty for r in reqs],
@@ -112,36 +118,83 @@ def _random(logits: torch.Tensor, reqs: list[Request], generator: torch.Generato
     return _draw(scaled.softmax(dim=-1), reqs, generator)
 
 
-def top_logprobs(logprobs: torch.Tensor, chosen: torch.Tensor, n: int) -> list[LogprobRow]:
-    """logprobs [N, V], chosen [N] → per row (ids, logprobs, ranks): the chosen token with its rank (as
-    vLLM: the tokens at least as likely, itself included), then the n most likely with ranks 1..n. One host
-    read: ids and ranks travel as float64 with the logprobs (exact below 2**53)."""
+def top_logprobs(logprobs: torch.Tensor, chosen: torch.Tensor, n: int) -> torch.Tensor:
+    """logprobs [N, V], chosen [N] → [3, N, n + 1] float64 on the device: per row the ids, logprobs and ranks of
+    the chosen token with its rank (as vLLM: the tokens at least as likely, itself included), then of the n most
+    likely with ranks 1..n. Ids and ranks travel as float64 with the logprobs (exact below 2**53): one read."""
     lp_chosen = logprobs.gather(1, chosen.unsqueeze(1))
     rank = (logprobs >= lp_chosen).sum(dim=-1, keepdim=True)
     top_lp, top_ids = logprobs.topk(n, dim=-1)
     top_ranks = torch.arange(1, n + 1, device=rank.device).expand(len(rank), n)
-    ids, lps, ranks = torch.stack([torch.cat([chosen.unsqueeze(1), top_ids], dim=1).double(),
-                                   torch.cat([lp_chosen, top_lp], dim=1).double(),
-                                   torch.cat([rank, top_ranks], dim=1).double()]).tolist()
-    return [([int(t) for t in i], lp, [int(r) for r in rk]) for i, lp, rk in zip(ids, lps, ranks)]
+    return torch.stack([torch.cat([chosen.unsqueeze(1), top_ids], dim=1).double(),
+                        torch.cat([lp_chosen, top_lp], dim=1).double(),
+                        torch.cat([rank, top_ranks], dim=1).double()])
 
 
-def sample(logits: torch.Tensor, reqs: list[Request], generator: torch.Generator | None) -> list[SeqResult]:
-    """logits [N, V] (one row per request) → one token (and the logprobs asked for) per request."""
+def logprob_rows(table: list) -> list[LogprobRow]:
+    """top_logprobs' [3, N, k] as host lists → per row (ids, logprobs, ranks)."""
+    return [([int(t) for t in i], lp, [int(r) for r in rk]) for i, lp, rk in zip(*table)]
+
+
+@dataclass
+class Sampled:
+    """One step's sampling, on the device."""
+    tokens: torch.Tensor  # [N] int64, one per row of logits
+    logprobs: torch.Tensor | None = None  # [3, L, k + 1] (top_logprobs) of the L rows asking, in row order
+
+
+def sample(logits: torch.Tensor, reqs: list[Request], generator: torch.Generator | None,
+           last: torch.Tensor | None = None) -> Sampled:
+    """logits [N, V] (one row per request) → one token (and the logprobs asked for) per request, on the device.
+    last: the previous step's sampled tokens (apply_penalties)."""
     want = [r.params.logprobs for r in reqs if r.params.logprobs is not None]
     raw = logits.float().log_softmax(dim=-1) if want else None  # vLLM's default: of the raw logits
     _mask_stop_tokens(logits, reqs)
     if any(r.params.penalized for r in reqs):
-        logits = apply_penalties(logits.float(), reqs)
+        logits = apply_penalties(logits.float(), reqs, last)
     tokens = logits.argmax(dim=-1)  # argmax is exact in any float dtype
     if not all(r.params.greedy for r in reqs):
         is_greedy = to_device([r.params.greedy for r in reqs], torch.bool, logits.device)
         tokens = torch.where(is_greedy, tokens, _random(logits, reqs, generator))
-    results = [SeqResult(t) for t in tokens.tolist()]
-    if want:
-        rows = [i for i, r in enumerate(reqs) if r.params.logprobs is not None]
-        index = to_device(rows, torch.int64, logits.device)
-        for i, row in zip(rows, top_logprobs(raw[index], tokens[index], max(want))):
-            n = reqs[i].params.logprobs
-            results[i].logprobs = (row[0][: n + 1], row[1][: n + 1], row[2][: n + 1])
-    return results
+    if not want:
+        return Sampled(tokens)
+    index = to_device([i for i, r in enumerate(reqs) if r.params.logprobs is not None], torch.int64, logits.device)
+    return Sampled(tokens, top_logprobs(raw[index], tokens[index], max(want)))
+
+
+class StepOutput:
+    """A launched step's results on the device: the sampled tokens of its completing rows (`tokens`, which the
+    next step may read as inputs), their logprobs, prompt logprobs. Their copies to the host start at once
+    (non-blocking, into pinned memory on GPU); results() waits for those copies only, not for later steps."""
+
+    def __init__(self, reqs: list[Request], rows: list[int], sampled: Sampled | None,
+                 prompt: dict[int, torch.Tensor]) -> None:
+        """reqs: the batch's requests; rows: the batch indices that sampled (rows of sampled.tokens);
+        prompt: batch index → its top_logprobs table of prompt logprobs."""
+        self.num_seqs, self.rows, self.prompt_keys = len(reqs), rows, list(prompt)
+        self.tokens = None if sampled is None else sampled.tokens
+        self.logprob_sizes = [] if sampled is None else [(i, reqs[i].params.logprobs) for i in rows
+                                                         if reqs[i].params.logprobs is not None]
+        tensors = [] if sampled is None else [t for t in (sampled.tokens, sampled.logprobs) if t is not None]
+        tensors += prompt.values()
+        self._host = [t.to("cpu", non_blocking=True) for t in tensors]
+        self._copied = None
+        if tensors and tensors[0].is_cuda:
+            self._copied = torch.cuda.Event()
+            self._copied.record()
+
+    def results(self) -> list[SeqResult]:
+        """One SeqResult per sequence of the batch: the step's one wait for the device."""
+        if self._copied is not None:
+            self._copied.synchronize()
+        out = [SeqResult() for _ in range(self.num_seqs)]
+        host = iter(self._host)
+        if self.tokens is not None:
+            for i, t in zip(self.rows, next(host).tolist()):
+                out[i].token = t
+            if self.logprob_sizes:
+                for (i, n), (ids, lps, ranks) in zip(self.logprob_sizes, logprob_rows(next(host).tolist())):
+                    out[i].logprobs = (ids[: n + 1], lps[: n + 1], ranks[: n + 1])
+        for i in self.prompt_keys:
+            out[i].prompt_logprobs = logprob_rows(next(host).tolist())
+        return out

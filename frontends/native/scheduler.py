@@ -4,12 +4,16 @@ Running requests are served first, in arrival order; when the KV cache runs out,
 recently admitted running request is preempted (its blocks are freed and it is recomputed
 later, prefix cache permitting). Waiting requests are admitted while budget, sequence slots
 and blocks remain.
+
+With overlap scheduling a request's last sampled token may still be on the device (num_pending):
+it is scheduled as the next input all the same (the runner reads it on the device), unless it
+is the request's last by length, which the host knows without reading it.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from atom_frontends.native.block_manager import BlockManager
 from atom_frontends.native.request import Request, Status
@@ -19,18 +23,21 @@ from atom_frontends.native.request import Request, Status
 class Scheduled:
     request: Request
     num_new_tokens: int
+    # True when this chunk reaches the request's last token (one still on the device included), so a new
+    # token gets sampled; fixed when scheduled, as the engine advances num_computed_tokens at launch.
+    completes: bool = field(init=False)
 
-    @property
-    def completes(self) -> bool:
-        """True when this chunk reaches the request's last token, so a new token gets sampled."""
+    def __post_init__(self) -> None:
         r = self.request
-        return r.num_computed_tokens + self.num_new_tokens == r.num_tokens
+        self.completes = r.num_computed_tokens + self.num_new_tokens == r.num_tokens + r.num_pending
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 max_model_len: int) -> None:
         self.bm = block_manager
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+        self.max_model_len = max_model_len
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
@@ -48,7 +55,10 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            if self._ends_in_flight(req):
+                i += 1
+                continue
+            n = min(req.num_tokens + req.num_pending - req.num_computed_tokens, budget)
             while not self.bm.allocate(req, req.num_computed_tokens + n):
                 victim = self.running.pop()
                 self._preempt(victim)
@@ -81,6 +91,12 @@ class Scheduler:
             budget -= n
         return out
 
+    def _ends_in_flight(self, req: Request) -> bool:
+        """The token on the device is the request's last by length (max_tokens or max_model_len): nothing more
+        is computed for it (EOS and stops cannot be known before the token is read: that step is dropped)."""
+        return req.num_pending > 0 and (len(req.output_token_ids) + req.num_pending >= req.params.max_tokens
+                                        or req.num_tokens + req.num_pending >= self.max_model_len)
+
     def _awaits_fork(self, req: Request) -> bool:
         """Sample i > 0 of a request waits for sample 0's prefill, then shares its prompt blocks (the fork,
         not the prefix cache: it works with caching off and cannot lose the blocks to eviction). If
@@ -103,6 +119,8 @@ class Scheduler:
         self.num_preemptions += 1
 
     def finish(self, req: Request, reason: str) -> None:
+        """End a running or waiting request (waiting: not admitted yet, or preempted while its last token was
+        still on the device) and free its blocks."""
+        (self.running if req.status is Status.RUNNING else self.waiting).remove(req)
         req.status, req.finish_reason = Status.FINISHED, reason
-        self.running.remove(req)
         self.bm.free_request(req)

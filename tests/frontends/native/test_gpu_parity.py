@@ -13,6 +13,7 @@ import torch
 from atom_frontends.native import LLM, SamplingParams
 from tests.frontends.native import hf_oracle
 from tests.frontends.native.hf_oracle import random_prompts
+from tests.frontends.native.test_overlap import assert_all_free, truncated
 
 pytestmark = pytest.mark.gpu
 
@@ -108,17 +109,40 @@ def test_fp32_mla_metadata_rebuilt_each_step_matches_hf(checkpoint_factory, monk
     assert greedy(llm, prompts, 32) == hf_greedy(path, prompts, 32)
 
 
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "no-overlap"])
 @pytest.mark.parametrize("enforce_eager", [False, True], ids=["graphs", "eager"])
 @pytest.mark.parametrize("arch", list(SCHEDULING))
-def test_fp32_batching_chunking_preemption_match_hf(checkpoint_factory, arch, enforce_eager):
+def test_fp32_batching_chunking_preemption_match_hf(checkpoint_factory, arch, enforce_eager, overlap):
     """Few sequence slots, a small token budget and a small cache: padded graph sizes, steps mixing
-    decodes with prefill chunks, and preemption by recompute."""
+    decodes with prefill chunks, and preemption by recompute; with overlap scheduling on and off."""
     path = checkpoint_factory(arch, **SCHEDULING[arch])
     prompts = random_prompts([60, 45, 30, 52, 20, 7, 33], seed=12)
     llm = native(path, "float32", enforce_eager, block_size=4, num_kv_blocks=48, max_num_seqs=3,
-                 max_num_batched_tokens=24, max_model_len=128, enable_prefix_caching=False)
+                 max_num_batched_tokens=24, max_model_len=128, enable_prefix_caching=False,
+                 overlap_scheduling=overlap)
     assert greedy(llm, prompts, 24) == hf_greedy(path, prompts, 24)
     assert llm.engine.scheduler.num_preemptions > 0
+    assert_all_free(llm)
+
+
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "no-overlap"])
+def test_fp32_stops_mid_batch_match_hf(checkpoint_factory, overlap):
+    """EOS, a stop token, max_tokens (1 and 7) and n=2 end requests at different steps while the others
+    decode in CUDA graphs: each equals transformers' tokens cut at its stop, no token more."""
+    path = checkpoint_factory("Qwen3ForCausalLM", **HD128)
+    prompts = random_prompts([13, 9, 21, 6, 17, 11], seed=16)
+    ref = hf_greedy(path, prompts, 24)
+    llm = native(path, "float32", False, overlap_scheduling=overlap)
+    eos = llm.engine.eos_token_ids | {ref[0][5]}
+    llm.engine.eos_token_ids = eos
+    params = [SamplingParams(**{"temperature": 0.0, "max_tokens": 24, **kw}) for kw in (
+        {}, dict(stop_token_ids=[ref[1][3]]), dict(max_tokens=1), dict(max_tokens=7), {}, dict(n=2))]
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    want = [truncated(r, p, eos) for r, p in zip(ref, params)]
+    assert [[(c.token_ids, c.finish_reason) for c in o.outputs] for o in outs] == [[w] * p.n
+                                                                                  for w, p in zip(want, params)]
+    assert llm.engine.runner.graphs.replays > 0
+    assert_all_free(llm)
 
 
 @torch.inference_mode()

@@ -79,3 +79,23 @@ def test_shutdown_aborts_in_flight_and_refuses_new(path):
     n, reason, stats = asyncio.run(main())
     assert reason == "abort" and n < 400
     assert stats["num_aborted_requests"] == 1 and stats["num_free_kv_blocks"] == stats["num_kv_blocks"]
+
+
+def test_engine_hands_a_stream_only_what_is_new(path):
+    """A streamed request's outputs hold only the tokens and logprobs since the previous output (work per step in
+    the news, not in the request's length), its prompt logprobs once, whole; joined: transformers' tokens."""
+    eng = LLMEngine(EngineArgs(str(path), block_size=8, num_kv_blocks=256, max_num_batched_tokens=4))
+    prompt = random_prompts([9], seed=63)[0]
+    rid = eng.enqueue(None, prompt, SamplingParams(temperature=0.0, max_tokens=12, logprobs=1, prompt_logprobs=1),
+                      stream=True)
+    chunks, prompt_logprobs = [], []
+    while eng.has_unfinished():
+        for out in eng.step() or [eng.current_output(rid)]:
+            c = out.outputs[0]
+            assert len(c.logprobs) == len(c.token_ids) <= 1
+            chunks.append(c.token_ids)
+            if out.prompt_logprobs is not None:
+                assert c.token_ids  # with the first token: a stream yields nothing without one
+                prompt_logprobs.append(out.prompt_logprobs)
+    assert [t for c in chunks for t in c] == hf_greedy(path, [prompt], 12)[0]
+    assert len(prompt_logprobs) == 1 and len(prompt_logprobs[0]) == len(prompt)  # chunked prefill: sent once whole
