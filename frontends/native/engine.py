@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import logging
-from pathlib import Path
 
 import torch
 
@@ -22,6 +20,7 @@ from atom_core.config import env_flag
 from atom_core.loader import load_model
 from atom_core.plugins import current_platform, translate_config
 from atom_frontends.native.block_manager import BlockManager
+from atom_frontends.native.checkpoint_files import eos_token_ids, load_tokenizer
 from atom_frontends.native.detokenizer import Detokenizer
 from atom_frontends.native.engine_args import EngineArgs
 from atom_frontends.native.hooks import NATIVE
@@ -33,30 +32,6 @@ from atom_frontends.native.sampling_params import SamplingParams
 from atom_frontends.native.scheduler import Scheduled, Scheduler
 
 log = logging.getLogger(__name__)
-
-def load_tokenizer(path: str):
-    """The checkpoint's tokenizer, or None when it ships none (token-id prompts only)."""
-    p = Path(path)
-    if not any((p / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
-        return None
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(p), local_files_only=True)
-
-
-def eos_token_ids(path: str, hf_config) -> frozenset[int]:
-    ids: set[int] = set()
-    sources = [getattr(hf_config, "eos_token_id", None)]
-    gen = Path(path) / "generation_config.json"
-    if gen.is_file():
-        sources.append(json.loads(gen.read_text()).get("eos_token_id"))
-    for src in sources:
-        if isinstance(src, int):
-            ids.add(src)
-        elif isinstance(src, (list, tuple)):
-            ids.update(int(x) for x in src)
-    return frozenset(ids)
-
 
 class LLMEngine:
     def __init__(self, args: EngineArgs) -> None:
