@@ -14,7 +14,7 @@ from atom_kernels.triton._utils import FLOAT_DTYPES, check, check_cache_dtype, c
 ROWS_PER_PROGRAM = 4  # tokens per program: a 576-wide row is 1.1 KB in bf16, too little work for one program
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_tokens", "slot_ptr"])  # step-varying, as in write_kv_cache
 def _write_latent_kernel(
     x_ptr, cache_ptr, slot_ptr, scale_ptr, num_tokens,
     sx_t, sx_d, sc_b, sc_t, sc_d,

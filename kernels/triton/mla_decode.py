@@ -30,7 +30,8 @@ from atom_kernels.triton.attention_decode import _merge_kernel, num_sms, pick_sp
 from atom_kernels.triton.mla_common import attend_latent, load_latent_tile, load_query
 
 
-@triton.jit
+# Step-varying counts and step-buffer pointers are not specialized (no recompiles mid-serving), as in _decode_kernel.
+@triton.jit(do_not_specialize=["num_splits", "qsl_ptr", "seq_lens_ptr", "kv_indptr_ptr", "kv_indices_ptr"])
 def _mla_decode_kernel(
     q_ptr, cache_ptr, kv_indptr_ptr, kv_indices_ptr, seq_lens_ptr, qsl_ptr, scale_ptr, out_ptr, po_ptr, plse_ptr,
     qk_scale, num_splits, num_heads, R, ROPE,

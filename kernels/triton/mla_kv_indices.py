@@ -16,7 +16,7 @@ from atom_kernels.triton._utils import check, check_same_device
 BLOCK = 128  # block-table entries a program copies
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["s_bt", "width", "seq_lens_ptr", "bt_ptr"])  # step-varying
 def _kv_indices_kernel(bt_ptr, seq_lens_ptr, indptr_ptr, out_ptr, s_bt, s_btc, width, BLOCK_SIZE,
                        BLOCK: tl.constexpr):
     seq = tl.program_id(0)

@@ -20,7 +20,7 @@ from atom_kernels.triton.attention_prefill import _find_seq
 from atom_kernels.triton.mla_common import attend_latent, load_latent_tile, load_query
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_seqs", "s_bt", "qsl_ptr", "seq_lens_ptr", "bt_ptr"])  # as _prefill_kernel
 def _mla_prefill_kernel(
     q_ptr, cache_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, scale_ptr, out_ptr,
     qk_scale, num_seqs, num_heads, R, ROPE,
