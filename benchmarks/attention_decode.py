@@ -52,6 +52,16 @@ SWEEP_ROUNDS, SWEEP_REPS = 2, 10
 FLUSH_BYTES = 256 << 20  # > 5x the H100's 50 MB L2
 
 
+def save_results(stem: str, gpu: str, lines: list[str], out: str | None) -> Path:
+    """A benchmark's printed lines, to `out` or to benchmarks/results/<stem>-<date>-<gpu>.txt (said where)."""
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", gpu).strip("-")
+    path = Path(out or Path(__file__).parent / "results" / f"{stem}-{datetime.date.today()}-{slug}.txt")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    print(f"saved {path}")
+    return path
+
+
 def flush_l2(buf: torch.Tensor) -> None:
     """Evict L2 by reading buf (clean lines: nothing for the timed kernel to write back)."""
     buf.sum(dtype=torch.int32)
@@ -343,12 +353,7 @@ def main() -> None:
             f"{spread:11.1%}")
     say("(fp8 GB/s: fp8 bytes read / time; round spread: max of (max - min) / median of the per-round medians of "
         "ours bf16 and the SDPA peer)")
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", gpu).strip("-")
-    name = f"attention_decode-{datetime.date.today()}-{slug}.txt"
-    path = Path(args.out or Path(__file__).parent / "results" / name)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines) + "\n")
-    print(f"saved {path}")
+    save_results("attention_decode", gpu, lines, args.out)
 
 
 if __name__ == "__main__":

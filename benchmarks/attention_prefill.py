@@ -26,16 +26,14 @@ from __future__ import annotations
 import argparse
 import datetime
 import functools
-import re
 import sys
 import warnings
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-from attention_decode import gpu_times, summary  # same timing method (benchmarks/ is on sys.path)
+from attention_decode import gpu_times, save_results, summary  # same timing method (benchmarks/ is on sys.path)
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
@@ -257,11 +255,7 @@ def main() -> None:
     for model, title, ours, old, (flash, _), (best, best_name) in rows:
         say(f"{model:11s} {title:24s} {fmt(ours, 6)} {fmt(old, 8)} {fmt(flash, 6)} {fmt(best, 9)} "
             f"({best_name:20s}) {ratio(ours, old, 13)} {ratio(ours, flash, 10)} {ratio(ours, best, 9)}")
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", gpu).strip("-")
-    path = Path(args.out or Path(__file__).parent / "results" / f"attention_prefill-{datetime.date.today()}-{slug}.txt")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines) + "\n")
-    print(f"saved {path}")
+    save_results("attention_prefill", gpu, lines, args.out)
 
 
 if __name__ == "__main__":

@@ -27,13 +27,11 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import re
 import sys
-from pathlib import Path
 
 import torch
 import triton
-from attention_decode import gpu_times, summary  # same timing method (benchmarks/ is on sys.path)
+from attention_decode import gpu_times, save_results, summary  # same timing method (benchmarks/ is on sys.path)
 
 import atom_kernels
 from atom_kernels import reference
@@ -217,11 +215,7 @@ def main() -> int:
             f"{med.get('torch bmm bf16', float('nan')) * 1e3:13.1f} {ref}  {bst}")
     say(f"(copy bandwidth {copy_bw / 1e9:.0f} GB/s; goals: ours >= 0.80 of copy, fp8/bf16 <= 0.60; reference = "
         "atom_kernels.reference.mla_attention, float32, skipped where its copies would not fit)")
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", gpu).strip("-")
-    path = Path(args.out or Path(__file__).parent / "results" / f"mla_decode-{datetime.date.today()}-{slug}.txt")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines) + "\n")
-    print(f"saved {path}")
+    save_results("mla_decode", gpu, lines, args.out)
     return 0
 
 

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import re
 import sys
 import time
-from pathlib import Path
 
 import torch
 import triton
+from attention_decode import save_results  # benchmarks/ is on sys.path
 
 from atom_kernels.reference.mla import MLA_BUFFERS_KEY, mla_decode_buffers, mla_decode_metadata
 
@@ -110,11 +109,7 @@ def main() -> int:
         (ph, pd), (rh, rd) = t["persistent"], t["rebuilt"]
         say(f"{batch:5d} {ph:19.1f} {rh:16.1f} {pd:18.1f} {rd:15.1f} {copy:15.1f} {rh / ph:11.2f} {rd / pd:10.2f}")
     say("(ratio = rebuilt / persistent: > 1 means the persistent buffers are faster)")
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", gpu).strip("-")
-    path = Path(args.out or Path(__file__).parent / "results" / f"mla_metadata-{datetime.date.today()}-{slug}.txt")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines) + "\n")
-    print(f"saved {path}")
+    save_results("mla_metadata", gpu, lines, args.out)
     return 0
 
 

@@ -31,16 +31,19 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import re
 import sys
 import time
 import warnings
-from pathlib import Path
 
 import torch
 import transformers
 import triton
-from attention_decode import flush_l2, gpu_times, summary  # same timing method (benchmarks/ is on sys.path)
+from attention_decode import (  # same timing method; benchmarks/ is on sys.path
+    flush_l2,
+    gpu_times,
+    save_results,
+    summary,
+)
 from transformers.models.qwen3_moe import modeling_qwen3_moe as qm
 
 from atom_kernels import reference
@@ -266,11 +269,7 @@ def main() -> int:
             f"{ratio['torch reference']:10.3f} {ratio['hf experts eager']:14.3f} "
             f"{ratio['hf experts grouped_mm']:19.3f} {blk:20.3f}")
     say("(ratios are time ours / time peer: below 1 means ours is faster)")
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", gpu).strip("-")
-    path = Path(args.out or Path(__file__).parent / "results" / f"moe-{datetime.date.today()}-{slug}.txt")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines) + "\n")
-    print(f"saved {path}")
+    save_results("moe", gpu, lines, args.out)
     return 0
 
 
