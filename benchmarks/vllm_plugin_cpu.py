@@ -6,7 +6,10 @@ float32, EOS ignored so both produce batch * new_tokens tokens; the tokens must 
 sides alternate N times (a busy machine slows both alike) and the medians count. Prints every run's output
 tokens/s, the medians and their ratio (atom-core / vLLM) last.
 
-    python benchmarks/vllm_plugin_cpu.py [--batch 8] [--prompt-len 64] [--new-tokens 64] [--runs 3]
+    python benchmarks/vllm_plugin_cpu.py [--batch 8] [--prompt-len 64] [--new-tokens 64] [--runs 3] [--profile]
+
+--profile: each side's first run also profiles one more generate (torch.profiler, in the worker: the engine runs
+in-process) and prints its ops by self CPU time before the table.
 """
 
 from __future__ import annotations
@@ -26,7 +29,21 @@ CHECKPOINT = dict(vocab_size=4096, hidden_size=256, intermediate_size=768, num_h
 TIMED_GENERATES = 5
 
 
-def worker(path: str, batch: int, prompt_len: int, new_tokens: int) -> dict:
+def profile_generate(llm, requests, params) -> str:
+    """One generate under torch.profiler: wall time and the ops by self CPU time (the GEMMs, attention, ...)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    t = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        llm.generate(requests, params, use_tqdm=False)
+    wall = time.perf_counter() - t
+    ops = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:14]
+    lines = [f"one profiled generate: wall {wall * 1e3:.1f} ms, self CPU time of its ops:"]
+    lines += [f"  {e.self_cpu_time_total / 1e3:8.2f} ms {e.count:6d}x  {e.key[:80]}" for e in ops]
+    return "\n".join(lines)
+
+
+def worker(path: str, batch: int, prompt_len: int, new_tokens: int, profile: bool = False) -> dict:
     """One side, in this process: build the engine, warm up, time TIMED_GENERATES generates of the whole batch
     and keep the fastest (each takes well under a second on an idle machine; load from elsewhere only adds
     time, and vLLM's OpenMP threads, bound to every core, stall whenever another process takes one)."""
@@ -42,24 +59,29 @@ def worker(path: str, batch: int, prompt_len: int, new_tokens: int) -> dict:
     greedy = dict(temperature=0.0, ignore_eos=True, detokenize=False)
     warm = [{"prompt_token_ids": p[:8]} for p in prompts]
     llm.generate(warm, SamplingParams(max_tokens=4, **greedy), use_tqdm=False)
+    requests = [{"prompt_token_ids": p} for p in prompts]
+    params = SamplingParams(max_tokens=new_tokens, **greedy)
     times = []
     for _ in range(TIMED_GENERATES):
         t = time.perf_counter()
-        outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
-                            SamplingParams(max_tokens=new_tokens, **greedy), use_tqdm=False)
+        outs = llm.generate(requests, params, use_tqdm=False)
         times.append(time.perf_counter() - t)
     elapsed = min(times)
     tokens = [list(o.outputs[0].token_ids) for o in outs]
     assert all(len(t) == new_tokens for t in tokens)
     model = llm.apply_model(lambda m: f"{type(m).__module__}.{type(m).__qualname__}")[0]
-    return {"tok_s": batch * new_tokens / elapsed, "startup_s": startup, "model": model, "tokens": tokens}
+    result = {"tok_s": batch * new_tokens / elapsed, "startup_s": startup, "model": model, "tokens": tokens}
+    if profile:
+        result["profile"] = profile_generate(llm, requests, params)
+    return result
 
 
-def run_side(path: str, args: argparse.Namespace, disable_plugin: bool) -> dict:
+def run_side(path: str, args: argparse.Namespace, disable_plugin: bool, profile: bool = False) -> dict:
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
     env["ATOM_DISABLE_VLLM_PLUGIN"] = "1" if disable_plugin else "0"
     cmd = [sys.executable, __file__, "--worker", path, "--batch", str(args.batch),
            "--prompt-len", str(args.prompt_len), "--new-tokens", str(args.new_tokens)]
+    cmd += ["--profile"] if profile else []
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"{'vLLM own' if disable_plugin else 'atom-core'} side failed:\n{proc.stderr[-4000:]}")
@@ -72,23 +94,27 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--runs", type=int, default=3, help="runs of each side, alternating; medians count")
+    ap.add_argument("--profile", action="store_true", help="profile one more generate in each side's first run")
     ap.add_argument("--worker", metavar="CHECKPOINT", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.worker, args.batch, args.prompt_len, args.new_tokens)))
+        print(json.dumps(worker(args.worker, args.batch, args.prompt_len, args.new_tokens, args.profile)))
         return
     from atom_frontends.native.demo import build_checkpoint
 
     own_runs, our_runs = [], []
     with tempfile.TemporaryDirectory() as tmp:
         path = str(build_checkpoint(tmp, "Qwen3ForCausalLM", tokenizer=False, **CHECKPOINT))
-        for _ in range(args.runs):  # alternating, so that load from elsewhere hits both sides alike
-            own_runs.append(run_side(path, args, disable_plugin=True))
-            our_runs.append(run_side(path, args, disable_plugin=False))
+        for i in range(args.runs):  # alternating, so that load from elsewhere hits both sides alike
+            own_runs.append(run_side(path, args, disable_plugin=True, profile=args.profile and i == 0))
+            our_runs.append(run_side(path, args, disable_plugin=False, profile=args.profile and i == 0))
     reference = own_runs[0]["tokens"]  # every run of either side against vLLM's first
     same = min(sum(a == b for a, b in zip(r["tokens"], reference)) for r in own_runs[1:] + our_runs)
     own_tok_s = statistics.median(r["tok_s"] for r in own_runs)
     our_tok_s = statistics.median(r["tok_s"] for r in our_runs)
+    for name, runs in (("vLLM own", own_runs), ("atom-core plugin", our_runs)):
+        if "profile" in runs[0]:
+            print(f"profile, {name}: {runs[0]['profile']}")
     print(f"checkpoint: Qwen3-shaped random (hidden 256, 6 layers, vocab 4096), float32, CPU x{os.cpu_count()}")
     print(f"batch {args.batch}, prompt {args.prompt_len}, new tokens {args.new_tokens}, greedy; "
           f"sequences with identical tokens (worst run): {same}/{args.batch}")
