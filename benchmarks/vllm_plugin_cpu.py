@@ -7,7 +7,8 @@ sides alternate N times (a busy machine slows both alike) and the medians count.
 tokens/s, the medians and their ratio (atom-core / vLLM) last; also output tokens per second of the worker
 process's CPU time (all its threads; median), a second view when other processes load the machine.
 
-    python benchmarks/vllm_plugin_cpu.py [--batch 8] [--prompt-len 64] [--new-tokens 64] [--runs 3] [--profile]
+    python benchmarks/vllm_plugin_cpu.py [--batch 8] [--prompt-len 64] [--new-tokens 64] [--runs 3] [--generates 5]
+                                         [--profile]
 
 --profile: each side's first run also profiles one more generate (torch.profiler, in the worker: the engine runs
 in-process) and prints its ops by self CPU time before the table.
@@ -27,7 +28,6 @@ import time
 CHECKPOINT = dict(vocab_size=4096, hidden_size=256, intermediate_size=768, num_hidden_layers=6,
                   num_attention_heads=8, num_key_value_heads=4, head_dim=32, max_position_embeddings=1024,
                   tie_word_embeddings=False)
-TIMED_GENERATES = 5
 
 
 def profile_generate(llm, requests, params) -> str:
@@ -44,8 +44,8 @@ def profile_generate(llm, requests, params) -> str:
     return "\n".join(lines)
 
 
-def worker(path: str, batch: int, prompt_len: int, new_tokens: int, profile: bool = False) -> dict:
-    """One side, in this process: build the engine, warm up, time TIMED_GENERATES generates of the whole batch
+def worker(path: str, batch: int, prompt_len: int, new_tokens: int, generates: int, profile: bool = False) -> dict:
+    """One side, in this process: build the engine, warm up, time `generates` generates of the whole batch
     and keep the fastest (each takes well under a second on an idle machine; load from elsewhere only adds
     time, and vLLM's OpenMP threads, bound to every core, stall whenever another process takes one)."""
     import torch
@@ -63,7 +63,7 @@ def worker(path: str, batch: int, prompt_len: int, new_tokens: int, profile: boo
     requests = [{"prompt_token_ids": p} for p in prompts]
     params = SamplingParams(max_tokens=new_tokens, **greedy)
     times, cpu_times = [], []
-    for _ in range(TIMED_GENERATES):
+    for _ in range(generates):
         t, c = time.perf_counter(), time.process_time()
         outs = llm.generate(requests, params, use_tqdm=False)
         times.append(time.perf_counter() - t)
@@ -83,7 +83,8 @@ def run_side(path: str, args: argparse.Namespace, disable_plugin: bool, profile:
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
     env["ATOM_DISABLE_VLLM_PLUGIN"] = "1" if disable_plugin else "0"
     cmd = [sys.executable, __file__, "--worker", path, "--batch", str(args.batch),
-           "--prompt-len", str(args.prompt_len), "--new-tokens", str(args.new_tokens)]
+           "--prompt-len", str(args.prompt_len), "--new-tokens", str(args.new_tokens),
+           "--generates", str(args.generates)]
     cmd += ["--profile"] if profile else []
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -97,11 +98,13 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--runs", type=int, default=3, help="runs of each side, alternating; medians count")
+    ap.add_argument("--generates", type=int, default=5, help="timed generates per run; each run keeps its fastest")
     ap.add_argument("--profile", action="store_true", help="profile one more generate in each side's first run")
     ap.add_argument("--worker", metavar="CHECKPOINT", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.worker, args.batch, args.prompt_len, args.new_tokens, args.profile)))
+        result = worker(args.worker, args.batch, args.prompt_len, args.new_tokens, args.generates, args.profile)
+        print(json.dumps(result))
         return
     from atom_frontends.native.demo import build_checkpoint
 
