@@ -74,7 +74,16 @@ def load_model(config: AtomConfig, device: torch.device) -> torch.nn.Module:
         raise ValueError("AtomConfig.model_path is not set: nothing to load weights from")
     model = build_model(config, device)
     require_all_loaded(model, model.load_weights(iterate_weights(config.model_path)), config.model_path)
+    prepare_weights(model)
     return model
+
+
+def prepare_weights(model: torch.nn.Module) -> None:
+    """Once every weight is loaded: each layer with a `prepare_weights()` readies its weights for its kernels
+    (linear layers let atom_kernels.pack_linear prepack them). Hosts call it after their own loading."""
+    for module in model.modules():
+        if hasattr(module, "prepare_weights"):
+            module.prepare_weights()
 
 
 def require_all_loaded(model: torch.nn.Module, loaded: set[str], model_path: str | None) -> None:

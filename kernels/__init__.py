@@ -66,6 +66,17 @@ def fused_qk_norm_rope_write_kv(
               k_cache, v_cache, slot_mapping, k_scale, v_scale)
 
 
+def pack_linear(weight, bias=None):
+    """What `linear`'s kernel on weight's device wants besides weight [out, in] and bias [out] (e.g. a prepacked
+    host GEMM), made once after loading; None when it wants nothing (the reference). Pass it to every call."""
+    return dispatch.get("pack_linear", weight.device)(weight, bias)
+
+
+def linear(x, weight, bias=None, packed=None):
+    """x [..., in] @ weight[out, in]^T + bias → [..., out]; `packed`: pack_linear(weight, bias)'s answer."""
+    return dispatch.get("linear", x.device)(x, weight, bias, packed)
+
+
 def rms_norm(x, weight, eps, residual=None):
     """RMSNorm over the last dim; with residual returns (normed(x + residual), x + residual)."""
     return dispatch.get("rms_norm", x.device)(x, weight, eps, residual)

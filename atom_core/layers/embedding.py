@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import atom_kernels
 from atom_core.platform import Platform
 from atom_core.plugins import current_platform
 
@@ -47,12 +48,17 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """Logits = hidden @ weight^T over this rank's vocab slice, gathered to the full vocab."""
 
+    packed = None  # atom_kernels.pack_linear's answer for the loaded (or tied) weight, made by prepare_weights
+
+    def prepare_weights(self) -> None:
+        self.packed = atom_kernels.pack_linear(self.weight)
+
     def tie_to(self, embedding: VocabParallelEmbedding) -> None:
         self.weight = embedding.weight
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] → logits [N, vocab]"""
-        logits = F.linear(hidden, self.weight)
+        logits = atom_kernels.linear(hidden, self.weight, None, self.packed)
         if self.platform.tp_size > 1:
             logits = self.platform.all_gather(logits, -1)
         return logits[..., : self.num_embeddings]

@@ -1,15 +1,17 @@
 """Tensor-parallel linear layers. Each parameter carries a `weight_loader(param, loaded[, shard_id])`.
 
 Rank and size come from the host's Platform (atom_platform hook). Shapes: weights are
-[out_features_local, in_features_local] like nn.Linear.
+[out_features_local, in_features_local] like nn.Linear. The GEMM is atom_kernels.linear on this rank's shard;
+`prepare_weights()`, run once after loading (atom_core.loader.prepare_weights), lets its kernel prepack the
+shard (vLLM's oneDNN GEMM on CPU); until then, and wherever the kernel is the reference, `packed` is None.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+import atom_kernels
 from atom_core.platform import Platform
 from atom_core.plugins import current_platform
 
@@ -38,13 +40,17 @@ class LinearBase(nn.Module):
             self.bias.weight_loader = self.weight_loader
         else:
             self.register_parameter("bias", None)
+        self.packed = None  # atom_kernels.pack_linear's answer for the loaded shard (prepare_weights)
+
+    def prepare_weights(self) -> None:
+        self.packed = atom_kernels.pack_linear(self.weight, self.bias)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
         _check_shape(param, loaded, type(self).__name__)
         param.data.copy_(loaded)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return atom_kernels.linear(x, self.weight, self.bias, self.packed)
 
 
 class ReplicatedLinear(LinearBase):
@@ -67,7 +73,7 @@ class ColumnParallelLinear(LinearBase):
         super().weight_loader(param, loaded)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight, self.bias)
+        y = atom_kernels.linear(x, self.weight, self.bias, self.packed)
         return self.platform.all_gather(y, -1) if self.gather_output and self.tp_size > 1 else y
 
 
@@ -137,8 +143,11 @@ class RowParallelLinear(LinearBase):
             loaded = loaded.narrow(1, self.tp_rank * size, size)
         super().weight_loader(param, loaded)
 
+    def prepare_weights(self) -> None:
+        self.packed = atom_kernels.pack_linear(self.weight)  # the bias is added after the all-reduce
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight)
+        y = atom_kernels.linear(x, self.weight, None, self.packed)
         if self.tp_size > 1:
             y = self.platform.all_reduce(y)
         return y + self.bias if self.bias is not None else y

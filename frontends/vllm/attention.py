@@ -67,7 +67,7 @@ class AttentionForVllm(nn.Module, AttentionLayerBase):
         super().__init__()
         vllm_config = get_current_vllm_config()
         register_attention_backend()  # idempotent; covers a VLLM_PLUGINS filter that kept only the platform
-        register_host_kernels()  # vLLM's CPU attention kernels for our ops, on vLLM's CPU platform only
+        register_host_kernels()  # vLLM's CPU attention and GEMM kernels for our ops, on vLLM's CPU platform only
         self.spec = spec
         self.layer_name = spec.prefix
         self.num_heads, self.num_kv_heads, self.head_size = spec.num_heads, spec.num_kv_heads, spec.head_dim

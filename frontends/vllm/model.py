@@ -19,6 +19,7 @@ from torch import nn
 from vllm.compilation.decorators import support_torch_compile
 from vllm.config import VllmConfig
 
+from atom_core.loader import prepare_weights
 from atom_core.models import get_model_class
 from atom_core.plugins import translate_config
 
@@ -102,3 +103,7 @@ class AtomForCausalLM(nn.Module):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Checkpoint names are the core model's; returns our parameter names (prefixed "core.")."""
         return {f"core.{name}" for name in self.core.load_weights(weights)}
+
+    def process_weights_after_loading(self) -> None:
+        """vLLM's hook once every weight is loaded: our layers ready theirs (prepacked CPU GEMMs, cpu_linear.py)."""
+        prepare_weights(self.core)

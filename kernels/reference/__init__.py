@@ -4,12 +4,14 @@ from atom_kernels.reference.activation import silu_and_mul
 from atom_kernels.reference.attention import paged_attention
 from atom_kernels.reference.fused import fused_qk_norm_rope_write_kv
 from atom_kernels.reference.kv_cache import write_kv_cache
+from atom_kernels.reference.linear import linear, pack_linear
 from atom_kernels.reference.mla import mla_attention, mla_kv_indices, write_latent_cache
 from atom_kernels.reference.moe import fused_moe
 from atom_kernels.reference.norm import rms_norm
 from atom_kernels.reference.rotary import rotary
 
 __all__ = [
-    "fused_moe", "fused_qk_norm_rope_write_kv", "mla_attention", "mla_kv_indices", "paged_attention", "rms_norm",
+    "fused_moe", "fused_qk_norm_rope_write_kv", "linear", "mla_attention", "mla_kv_indices", "pack_linear",
+    "paged_attention", "rms_norm",
     "rotary", "silu_and_mul", "write_kv_cache", "write_latent_cache",
 ]

@@ -124,3 +124,18 @@ def test_rotary_matches_transformers():
     q_got, k_got = ref.rotary(pos, q, k, rope.cos_sin_cache)
     torch.testing.assert_close(q_got, q_exp[0].transpose(0, 1), rtol=0, atol=0)
     torch.testing.assert_close(k_got, k_exp[0].transpose(0, 1), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_matches_float64_matmul_and_packs_nothing(bias):
+    """The reference GEMM (the CPU default and what host GEMMs are tested against) == x @ w^T + b in float64,
+    through the dispatcher as layers call it; its pack_linear prepares nothing."""
+    import atom_kernels
+
+    g = torch.Generator().manual_seed(11)
+    x, w = torch.randn(2, 5, 24, generator=g), torch.randn(40, 24, generator=g)
+    b = torch.randn(40, generator=g) if bias else None
+    packed = atom_kernels.pack_linear(w, b)
+    assert packed is None
+    want = x.double() @ w.double().T + (b.double() if bias else 0)
+    torch.testing.assert_close(atom_kernels.linear(x, w, b, packed), want.float())

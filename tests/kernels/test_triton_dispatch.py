@@ -17,6 +17,9 @@ def test_every_op_has_and_uses_its_triton_kernel(monkeypatch):
     monkeypatch.delenv("ATOM_KERNEL_BACKEND", raising=False)
     dispatch.reset()
     for op in dispatch.OPS:
+        if op in ("linear", "pack_linear"):  # no Triton GEMM: the reference's F.linear is the vendor GEMM there
+            assert dispatch.backend_for(op, "cuda") == "torch"
+            continue
         assert dispatch.backend_for(op, "cuda") == "triton", op
         fn = dispatch.get(op, torch.device("cuda"))
         assert fn.__module__.startswith("atom_kernels.triton."), (op, fn.__module__)

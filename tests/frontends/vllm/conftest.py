@@ -45,6 +45,21 @@ def _leave_host_unmarked():
     VLLM.deactivate_process()
 
 
+@pytest.fixture
+def host_kernels():
+    """vLLM's CPU kernels registered as the dispatcher's host backend, as the vLLM attention layer does on vLLM's
+    CPU platform; removed afterwards (the reference serves every op again)."""
+    from atom_frontends.vllm.cpu_kernels import OPS, register_host_kernels
+    from atom_kernels import dispatch
+
+    register_host_kernels()
+    assert all(dispatch.backend_for(op, "cpu") == "host" for op in OPS)
+    yield
+    for op in OPS:
+        dispatch.register(op, "host", None)
+    assert dispatch.describe("cpu") == {op: "torch" for op in dispatch.OPS}
+
+
 @pytest.fixture(scope="session")
 def prompts() -> list[list[int]]:
     return random_prompts(PROMPT_LENGTHS, seed=7)

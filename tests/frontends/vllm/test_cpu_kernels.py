@@ -19,19 +19,6 @@ HEADS, KV_HEADS, D, NUM_BLOCKS = 8, 2, 32, 48
 REQUESTS = [(40, 1), (70, 1), (5, 1), (0, 37), (33, 12), (64, 32)]
 
 
-@pytest.fixture
-def host_kernels():
-    """vLLM's kernels registered for CPU, as the vLLM attention layer does on vLLM's CPU platform."""
-    from atom_frontends.vllm.cpu_kernels import OPS, register_host_kernels
-
-    register_host_kernels()
-    assert all(dispatch.backend_for(op, "cpu") == "host" for op in OPS)
-    yield
-    for op in OPS:
-        dispatch.register(op, "host", None)
-    assert dispatch.describe("cpu") == {op: "torch" for op in dispatch.OPS}
-
-
 def _kv_cache(block_size: int, head_major: bool, dtype) -> torch.Tensor:
     """vLLM's per-layer view [blocks, kv_heads, block_size, 2*d] for layout LBHNC (head-major) or LBNHC."""
     if head_major:

@@ -33,9 +33,11 @@ def test_atom_model_ran_inside_vllm(atom_run, name):
     assert worker["atom_host"] == "vllm"
     assert worker["platform_class"] == ATOM_PLATFORM
     assert worker["decoder_compiled"]  # default settings: vLLM compiled our decoder, as it does its own models
-    # vLLM's own CPU attention kernels ran our attention (head-major pages, 32-token blocks), no layer fell back
-    assert worker["attention_kernels"] == {"backends": {"write_kv_cache": "host", "paged_attention": "host"},
-                                           "fallbacks": []}
+    # vLLM's own CPU attention kernels ran our attention (head-major pages, 32-token blocks), no layer fell back,
+    # and vLLM's own CPU GEMM ran our linear layers, every one of them prepacked after loading
+    host = dict.fromkeys(("write_kv_cache", "paged_attention", "pack_linear", "linear"), "host")
+    assert worker["host_kernels"] == {"backends": host, "fallbacks": []}
+    assert worker["unpacked_linear_layers"] == []
 
 
 @pytest.mark.slow
@@ -89,4 +91,5 @@ def test_multiprocess_engine_with_tensor_parallel_workers(vllm_checkpoint, promp
         assert worker["model_class"] == ATOM_MODEL and worker["platform_class"] == ATOM_PLATFORM
         assert worker["atom_host"] == "vllm" and worker["kv_cache_bound"]
         assert worker["tp"] == [rank, 2]
+        assert worker["unpacked_linear_layers"] == []  # each rank prepacked its own shards for vLLM's CPU GEMM
     assert _tokens(result) == hf_tokens("qwen3")

@@ -42,13 +42,16 @@ def inspect_worker(model) -> dict:
         # vLLM's torch.compile wrapper around atom-core's decoder (None: not an atom-core model)
         "decoder_compiled": (not model.decoder.do_not_compile) if hasattr(model, "core") else None,
         "platform_class": f"{type(current_platform).__module__}.{type(current_platform).__qualname__}",
-        # who ran our attention ops ("host": vLLM's CPU kernels, atom_frontends.vllm.cpu_kernels), and why
-        # any layer fell back to the torch reference
-        "attention_kernels": _attention_kernels(),
+        # who ran our attention and linear ops ("host": vLLM's CPU kernels, atom_frontends.vllm.cpu_kernels), and
+        # why any attention layer fell back to the torch reference
+        "host_kernels": _host_kernels(),
+        # our layers that hold a linear weight but no packed form of it after loading (atom_kernels.pack_linear)
+        "unpacked_linear_layers": [name for name, m in model.named_modules()
+                                   if hasattr(m, "prepare_weights") and m.packed is None],
     }
 
 
-def _attention_kernels() -> dict:
+def _host_kernels() -> dict:
     import atom_kernels
     from atom_frontends.vllm import cpu_kernels
 
