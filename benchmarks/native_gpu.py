@@ -20,7 +20,9 @@ with overlap scheduling on and then off in the same run (--overlap on|off: one o
 top-8, expert intermediate 768; ~2.5 B parameters) instead; its roofline counts the expected number of distinct
 experts a decode step touches (E * (1 - (1 - k/E)^batch) per MoE layer), not all of them.
 
-    python benchmarks/native_gpu.py [--throughput] [--overlap both|on|off] [--checkpoint DIR] [--shape NAME]
+--profile: only a profile of the default engine (gpu_profile.py: GPU kernels by kind, top kernels, wall vs GPU).
+
+    python benchmarks/native_gpu.py [--throughput | --profile] [--overlap both|on|off] [--checkpoint DIR] [--shape NAME]
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import os
 import random
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -369,10 +372,28 @@ def throughput_run(path: str, overlap: bool, prompts, params, lens, bw: float) -
     return n_out / t
 
 
+def profile(path: str) -> None:
+    """The default engine at batch 1 and 32: a 33-token generate (1 prefill + 32 decode steps, graphs) under the
+    profiler, after the same generate once untimed: GPU kernels by kind, the top kernels, wall vs GPU time."""
+    from gpu_profile import profile_call
+
+    from atom_frontends.native import SamplingParams
+
+    llm = native_engine(path, fused=os.environ.get("ATOM_FUSED_QK_NORM_ROPE", "0") == "1", max_num_seqs=32,
+                        kv_cache_memory=8 << 30, enable_prefix_caching=False)
+    vocab = QWEN3_06B["vocab_size"]  # both shapes share it
+    params = SamplingParams(temperature=0, max_tokens=33, ignore_eos=True)
+    for b in (1, 32):
+        prompts = prompts_for(b, seed=b, vocab=vocab)
+        llm.generate(prompts, params, use_tqdm=False)
+        print(profile_call(partial(llm.generate, prompts, params, use_tqdm=False), f"33-token batch-{b} generate"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--throughput", action="store_true", help="the 256-request offline workload")
     ap.add_argument("--checkpoint", help="where the random checkpoint is (built there if missing)")
+    ap.add_argument("--profile", action="store_true", help="only profile a 33-token generate at batch 1 and 32")
     ap.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-0.6b")
     ap.add_argument("--overlap", choices=["both", "on", "off"], default="both",
                     help="overlap scheduling of the native engine: both (a before/after in one run), on or off")
@@ -382,7 +403,9 @@ def main() -> None:
     print(f"{datetime.date.today()} {torch.cuda.get_device_name()} torch {torch.__version__}; "
           f"{args.shape}-shaped random checkpoint, bf16")
     overlaps = {"both": (True, False), "on": (True,), "off": (False,)}[args.overlap]
-    if args.throughput:
+    if args.profile:
+        profile(path)
+    elif args.throughput:
         throughput(path, overlaps)
     else:
         latency(path, [c for c in CONFIGS if c[2] in overlaps])

@@ -24,6 +24,7 @@ import random
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 ROWS = ("batch1", "batch32", "offline")
@@ -46,33 +47,21 @@ def workloads(vocab: int) -> dict[str, tuple[list[list[int]], list[int], float]]
 
 
 def decode_profile(llm, vocab: int) -> str:
-    """torch.profiler over a 9-token generate (1 prefill + 8 decode steps) at batch 1 and at batch 32, in this
-    process (the engine runs in-process): GPU kernels by total time, launches, and wall time vs GPU time (a
-    wall far above the GPU time with many launches means steps ran eagerly, not as CUDA graphs)."""
+    """A 9-token generate (1 prefill + 8 decode steps) at batch 1 and at batch 32 under the profiler, in this
+    process (the engine runs in-process): gpu_profile's kernels by kind, top kernels, wall vs GPU time."""
     import torch
-    from torch.profiler import ProfilerActivity, profile
+    from gpu_profile import profile_call
     from vllm import SamplingParams
 
-    lines = []
+    parts = []
     for row in ("batch1", "batch32"):
         prompts, _, _ = workloads(vocab)[row]
         params = SamplingParams(max_tokens=9, temperature=0.0, ignore_eos=True, detokenize=False)
         requests = [{"prompt_token_ids": p} for p in prompts]
         llm.generate(requests, params, use_tqdm=False)  # same shapes once, outside the profile
         torch.cuda.synchronize()
-        t = time.perf_counter()
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            llm.generate(requests, params, use_tqdm=False)
-            torch.cuda.synchronize()
-        wall = time.perf_counter() - t
-        kernels = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
-        gpu_us = sum(e.self_device_time_total for e in kernels)
-        launches = sum(e.count for e in kernels)
-        top = sorted(kernels, key=lambda e: -e.self_device_time_total)[:12]
-        lines += [f"9-token {row} generate: wall {wall * 1e3:.1f} ms, GPU kernels {gpu_us / 1e3:.1f} ms, "
-                  f"{launches} kernel launches (graph replays count their kernels)"]
-        lines += [f"  {e.self_device_time_total / 1e3:8.2f} ms {e.count:6d}x  {e.key[:90]}" for e in top]
-    return "\n".join(lines)
+        parts.append(profile_call(partial(llm.generate, requests, params, use_tqdm=False), f"9-token {row} generate"))
+    return "\n".join(parts)
 
 
 def worker(path: str, rows: list[str], profile: bool = False) -> dict:
@@ -129,12 +118,11 @@ def main() -> None:
     rows = [r for r in args.rows.split(",") if r]
     if unknown := set(rows) - set(ROWS):
         raise SystemExit(f"unknown rows {sorted(unknown)}; choose from {ROWS}")
+    sys.path.insert(0, str(Path(__file__).parent))
     if args.worker:
         print(json.dumps(worker(args.worker, rows, args.profile)))
         return
     import torch
-
-    sys.path.insert(0, str(Path(__file__).parent))
     from native_gpu import checkpoint
 
     path = checkpoint(args.checkpoint)

