@@ -31,8 +31,9 @@ def kind_of(name: str) -> str:
     return next((kind for kind, pattern in KINDS if re.search(pattern, low)), "other")
 
 
-def profile_call(fn, label: str, top: int = 10) -> str:
-    """Run fn() once under the profiler (CUDA synchronized before and after) → a few lines of text."""
+def profile_call(fn, label: str, top: int = 10, host_top: int = 0) -> str:
+    """Run fn() once under the profiler (CUDA synchronized before and after) → a few lines of text; host_top > 0
+    adds that many host (CPU) ops by self CPU time: where a host-bound step goes."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
@@ -55,4 +56,7 @@ def profile_call(fn, label: str, top: int = 10) -> str:
         for kind, (us, n) in sorted(by_kind.items(), key=lambda kv: -kv[1][0])))
     for e in sorted(kernels, key=lambda e: -e.self_device_time_total)[:top]:
         lines.append(f"  {e.self_device_time_total / 1e3:8.3f} ms {e.count:6d}x {kind_of(e.key):>15}  {e.key[:80]}")
+    host = [e for e in prof.key_averages() if e.device_type.name == "CPU" and not e.key.startswith("ProfilerStep")]
+    for e in sorted(host, key=lambda e: -e.self_cpu_time_total)[:host_top]:
+        lines.append(f"  host {e.self_cpu_time_total / 1e3:8.2f} ms self {e.count:6d}x  {e.key[:80]}")
     return "\n".join(lines)

@@ -7,13 +7,14 @@ one decode step must read (all weights once + the K/V of every context token, at
 match HF's and, where they do not, prints the fp32 logit margin of the two candidates.
 
 The native engine runs three times: as configured by default (overlap scheduling on), with overlap
-scheduling off (EngineArgs.overlap_scheduling=False: the step before), and with ATOM_FUSED_QK_NORM_ROPE=1.
+scheduling off (EngineArgs.overlap_scheduling=False: the step before), and with ATOM_FUSED_QK_NORM_ROPE=0 (the
+q/k norm, rotary and KV write as separate ops instead of the fused prologue, the default).
 "host ms" is a step's wall time minus the time the host waited for the device (CUDA event waits): with
 overlap it runs while the device computes, so a step costs max(host, device) instead of their sum.
 
 --throughput: 256 requests, prompt and output lengths uniform in [100, 1024], temperature 1,
 EOS ignored (the common offline workload); output tokens/s over the whole run, and the decode
-roofline of the same work (set ATOM_FUSED_QK_NORM_ROPE=1 in the environment for the fused op);
+roofline of the same work (ATOM_FUSED_QK_NORM_ROPE=0 in the environment: the unfused ops);
 with overlap scheduling on and then off in the same run (--overlap on|off: one of them only).
 
 --shape qwen3-30b-a3b-4l: a Qwen3-30B-A3B-shaped MoE checkpoint cut to 4 layers (hidden 2048, 128 experts,
@@ -39,6 +40,8 @@ from pathlib import Path
 
 import torch
 
+from atom_kernels.triton.jit_watch import JitWatch
+
 QWEN3_06B = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
                  num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True,
                  max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6)
@@ -50,8 +53,8 @@ QWEN3_30B_A3B_4L = dict(vocab_size=151936, hidden_size=2048, intermediate_size=6
 SHAPES = {"qwen3-0.6b": ("Qwen3ForCausalLM", QWEN3_06B), "qwen3-30b-a3b-4l": ("Qwen3MoeForCausalLM", QWEN3_30B_A3B_4L)}
 PROMPT, NEW, PARITY_TOKENS = 128, 128, 16
 MAX_MODEL_LEN = 2048  # covers the throughput workload; also the graphs' static max_seq_len hint
-CONFIGS = (("native", False, True), ("native, no overlap", False, False),  # (name, fused prologue, overlap)
-           ("native, fused qk-norm-rope", True, True))
+CONFIGS = (("native", True, True), ("native, no overlap", True, False),  # (name, fused prologue, overlap)
+           ("native, unfused qk-norm-rope", False, True))
 DEVICE = "cuda"
 
 
@@ -66,42 +69,6 @@ def checkpoint(path: str | None, shape: str = "qwen3-0.6b") -> str:
         build_checkpoint(p, arch, seed=0, tokenizer=False, **cfg)
         print(f"built checkpoint {p} in {time.perf_counter() - t:.0f} s")
     return str(p)
-
-
-class JitWatch:
-    """Counts Triton JIT compilations (in-process cache misses, disk-cache loads included) and their seconds
-    inside a with-block: a timed region should report none."""
-
-    def __init__(self) -> None:
-        self.count, self.seconds, self._t0 = 0, 0.0, None
-        try:
-            import triton
-            self.knobs = triton.knobs.runtime
-        except (ImportError, AttributeError):  # triton missing or without knobs: nothing to watch
-            self.knobs = None
-
-    def _before(self, **kw):
-        self._t0 = time.perf_counter()
-        return None  # falsy: go on compiling
-
-    def _after(self, **kw):
-        self.count += 1
-        if self._t0 is not None:
-            self.seconds += time.perf_counter() - self._t0
-        return None
-
-    def __enter__(self):
-        if self.knobs is not None:
-            self._saved = (self.knobs.jit_cache_hook, self.knobs.jit_post_compile_hook)
-            self.knobs.jit_cache_hook, self.knobs.jit_post_compile_hook = self._before, self._after
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.knobs is not None:
-            self.knobs.jit_cache_hook, self.knobs.jit_post_compile_hook = self._saved
-
-    def __str__(self) -> str:
-        return f"{self.count} ({self.seconds:.1f} s)" if self.knobs is not None else "not watched"
 
 
 def timed(fn):
@@ -338,7 +305,7 @@ def throughput_run(path: str, overlap: bool, prompts, params, lens, bw: float) -
     """One timed run of the offline workload; prints its lines, returns output tokens/s."""
     from atom_frontends.native import SamplingParams
 
-    fused = os.environ.get("ATOM_FUSED_QK_NORM_ROPE", "0") == "1"
+    fused = os.environ.get("ATOM_FUSED_QK_NORM_ROPE", "1") != "0"
     llm = native_engine(path, fused, overlap, max_num_seqs=256, max_num_batched_tokens=8192)
     # Warm-up: the same prompts reversed (no prefix-cache hits later), 2 tokens each, so the eager steps mixing
     # prefills with decodes JIT-compile their Triton variants here rather than in the timed run.
@@ -379,7 +346,7 @@ def profile(path: str) -> None:
 
     from atom_frontends.native import SamplingParams
 
-    llm = native_engine(path, fused=os.environ.get("ATOM_FUSED_QK_NORM_ROPE", "0") == "1", max_num_seqs=32,
+    llm = native_engine(path, fused=os.environ.get("ATOM_FUSED_QK_NORM_ROPE", "1") != "0", max_num_seqs=32,
                         kv_cache_memory=8 << 30, enable_prefix_caching=False)
     vocab = QWEN3_06B["vocab_size"]  # both shapes share it
     params = SamplingParams(temperature=0, max_tokens=33, ignore_eos=True)

@@ -54,6 +54,11 @@ def decode_profile(llm, vocab: int) -> str:
     from vllm import SamplingParams
 
     parts = []
+    prompts, _, _ = workloads(vocab)["batch1"]  # the whole batch-1 row (its 128-token prefill and 127 decode steps)
+    params = SamplingParams(max_tokens=NEW, temperature=0.0, ignore_eos=True, detokenize=False)
+    requests = [{"prompt_token_ids": p} for p in prompts]
+    parts.append(profile_call(partial(llm.generate, requests, params, use_tqdm=False), f"{NEW}-token batch1 generate",
+                              top=6, host_top=12))
     for row in ("batch1", "batch32"):
         prompts, _, _ = workloads(vocab)[row]
         params = SamplingParams(max_tokens=9, temperature=0.0, ignore_eos=True, detokenize=False)
@@ -67,6 +72,8 @@ def decode_profile(llm, vocab: int) -> str:
 def worker(path: str, rows: list[str], profile: bool = False) -> dict:
     """One side, in this process: one engine, a warm-up, then each row timed."""
     from vllm import LLM, SamplingParams
+
+    from atom_kernels.triton.jit_watch import JitWatch
 
     vocab = json.loads((Path(path) / "config.json").read_text())["vocab_size"]
     t0 = time.perf_counter()
@@ -82,9 +89,11 @@ def worker(path: str, rows: list[str], profile: bool = False) -> dict:
         t = time.perf_counter()
         llm.generate(requests, params, use_tqdm=False)
         result[f"{row}_first_s"] = time.perf_counter() - t
-        t = time.perf_counter()
-        outs = llm.generate(requests, params, use_tqdm=False)
-        elapsed = time.perf_counter() - t
+        with JitWatch() as jit:  # Triton compilations inside the timed run (a variant first met there)
+            t = time.perf_counter()
+            outs = llm.generate(requests, params, use_tqdm=False)
+            elapsed = time.perf_counter() - t
+        result[f"{row}_jit"] = str(jit)
         produced = sum(len(o.outputs[0].token_ids) for o in outs)
         assert produced == sum(max_tokens), f"{row}: {produced} tokens, expected {sum(max_tokens)}"
         result[row] = {"tok_s": produced / elapsed, "tokens": [list(o.outputs[0].token_ids) for o in outs]}
@@ -113,6 +122,7 @@ def main() -> None:
     ap.add_argument("--checkpoint", help="checkpoint dir (built once into the temp dir when absent)")
     ap.add_argument("--rows", default=",".join(ROWS))
     ap.add_argument("--profile", action="store_true", help="also profile 8 decode steps at batch 1 and 32 on each side")
+    ap.add_argument("--only-ours", action="store_true", help="only atom-core's side, profiled; no table")
     ap.add_argument("--worker", metavar="CHECKPOINT", help=argparse.SUPPRESS)
     args = ap.parse_args()
     rows = [r for r in args.rows.split(",") if r]
@@ -126,6 +136,9 @@ def main() -> None:
     from native_gpu import checkpoint
 
     path = checkpoint(args.checkpoint)
+    if args.only_ours:  # a profile of our side alone
+        print(run_side(path, rows, own=False, profile=True).get("profile"))
+        return
     own = run_side(path, rows, own=True, profile=args.profile)
     ours = run_side(path, rows, own=False, profile=args.profile)
     for name, side in (("vLLM own", own), ("atom-core", ours)):
@@ -141,6 +154,8 @@ def main() -> None:
         agree = sorted(next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a)) for a, b in pairs)
         lines.append(f"batch 32 greedy (bf16) vs vLLM's own: {same}/32 sequences identical; tokens before the first "
                      f"difference: median {agree[16]}, min {agree[0]} of {NEW}")
+    lines.append("Triton compilations inside the timed runs: " + ", ".join(
+        f"{row} own {own[f'{row}_jit']} / atom-core {ours[f'{row}_jit']}" for row in rows))
     lines.append("first (untimed) run of each row, s: " + ", ".join(
         f"{row} own {own[f'{row}_first_s']:.1f} / atom-core {ours[f'{row}_first_s']:.1f}" for row in rows))
     lines.append(f"{'row':<10}{'vLLM own tok/s':>16}{'atom-core tok/s':>17}{'ratio':>8}")

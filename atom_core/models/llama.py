@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import atom_kernels
-from atom_core.config import AtomConfig
+from atom_core.config import AtomConfig, env_flag
 from atom_core.layers import (
     Attention,
     MergedColumnParallelLinear,
@@ -43,11 +43,13 @@ def _sliding_window(cfg, layer_idx: int) -> int | None:
 def _fused_write_supported(attn) -> bool:
     """Can this host's attention layer let the model write K/V itself (the fused Qwen3 prologue)?
 
-    A host layer says so by offering `kv_cache_write_args()`; otherwise the switch is ignored, once said in
-    the log, and the unfused q/k norm + rotary + the layer's own cache write run instead."""
+    A host layer says so by offering `kv_cache_write_args()`; otherwise the unfused q/k norm + rotary + the
+    layer's own cache write run, and the log says so once when ATOM_FUSED_QK_NORM_ROPE=1 was asked for
+    explicitly (the switch is on by default)."""
     if callable(getattr(type(attn), "kv_cache_write_args", None)):
         return True
-    _warn_fused_unsupported(type(attn).__qualname__)
+    if env_flag("ATOM_FUSED_QK_NORM_ROPE", False):
+        _warn_fused_unsupported(type(attn).__qualname__)
     return False
 
 

@@ -30,6 +30,10 @@ class NativeCacheLayer(nn.Module):
     def cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
         raise NotImplementedError
 
+    def cache_views(self) -> tuple[torch.Tensor, ...]:
+        """The cache as the attention ops read it: (k_cache, v_cache), or (latent cache,) for MLA."""
+        raise NotImplementedError
+
     def _step_metadata(self):
         """This step's metadata, or None when there is no cache to touch (profiling / warm-up)."""
         md = get_forward_context().metadata_for(self.layer_name)
@@ -41,6 +45,9 @@ class NativeAttention(NativeCacheLayer):
 
     def cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
         return (2, num_blocks, block_size, self.spec.num_kv_heads, self.spec.head_dim)  # K, V
+
+    def cache_views(self) -> tuple[torch.Tensor, ...]:
+        return self.kv_cache[0], self.kv_cache[1]
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
         """query [T, heads*d], key/value [T, kv_heads*d] → [T, heads*d]"""
@@ -67,6 +74,9 @@ class NativeMLAAttention(NativeCacheLayer):
 
     def cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
         return (num_blocks, block_size, self.spec.head_dim)
+
+    def cache_views(self) -> tuple[torch.Tensor, ...]:
+        return (self.kv_cache,)
 
     def forward(self, query: torch.Tensor, latent: torch.Tensor) -> torch.Tensor:
         """query [T, heads, r + rope], latent [T, r + rope] → [T, heads, r] (see mla_forward)."""

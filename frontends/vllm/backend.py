@@ -15,6 +15,7 @@ from vllm.v1.kv_cache_layout import KVCacheLayout
 
 from atom_core.forward_context import AttentionMetadata
 from atom_core.layers.attention import AttentionSpec, attention_forward
+from atom_core.layers.kernel_warmup import warm_up_attention
 from atom_kernels import dispatch
 
 BACKEND_NAME = "ATOM"
@@ -47,6 +48,18 @@ def split_kv_cache(kv_cache: torch.Tensor, head_dim: int) -> tuple[torch.Tensor,
     return kv_cache[..., :head_dim].transpose(1, 2), kv_cache[..., head_dim:].transpose(1, 2)
 
 
+def warm_up_once(impl, caches: tuple[torch.Tensor, ...], dtype: torch.dtype, k_scale, v_scale) -> None:
+    """The layer's attention warm-up (kernel_warmup) on its first call with a bound cache outside a graph
+    capture: vLLM binds caches after building the model, then runs its warm-up batches and the piecewise
+    captures eagerly between graph pieces, so this happens at start-up. impl.warm_bounds: (max_model_len,
+    max_num_batched_tokens), set by the layer (None: no warm-up)."""
+    if impl.warm_bounds is None or torch.cuda.is_current_stream_capturing():
+        return
+    max_model_len, max_query_len = impl.warm_bounds
+    impl.warm_bounds = None
+    warm_up_attention(impl.spec, caches, dtype, max_model_len, max_query_len, k_scale, v_scale)
+
+
 class AtomAttentionImpl(AttentionImpl[AttentionMetadata]):
     """Holds the layer's AttentionSpec; forward writes this step's K/V and attends, via atom_kernels."""
 
@@ -65,6 +78,7 @@ class AtomAttentionImpl(AttentionImpl[AttentionMetadata]):
         self.kv_cache_dtype = kv_cache_dtype
         self.spec = AttentionSpec(num_heads, head_size, scale, self.num_kv_heads, prefix,
                                   sliding_window, kv_cache_dtype)
+        self.warm_bounds: tuple[int, int] | None = None  # see warm_up_once
 
     def forward(self, layer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 kv_cache: torch.Tensor, attn_metadata: AttentionMetadata, output: torch.Tensor,
@@ -88,6 +102,7 @@ class AtomAttentionImpl(AttentionImpl[AttentionMetadata]):
         quantized = self.kv_cache_dtype.startswith("fp8")
         k_scale = layer._k_scale if quantized else None
         v_scale = layer._v_scale if quantized else None
+        warm_up_once(self, (k_cache, v_cache), query.dtype, k_scale, v_scale)
         attention_forward(self.spec, query, key, value, k_cache, v_cache, attn_metadata,
                           k_scale, v_scale, out=output[:n])
         return output

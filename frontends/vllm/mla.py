@@ -16,6 +16,7 @@ from vllm.v1.kv_cache_interface import KVCacheSpec, MLAAttentionSpec, get_kv_qua
 from atom_core.forward_context import AttentionMetadata
 from atom_core.layers.attention import AttentionSpec, mla_forward
 from atom_frontends.vllm.attention import AttentionForVllm
+from atom_frontends.vllm.backend import warm_up_once
 
 
 class AtomMLAImpl:
@@ -23,6 +24,7 @@ class AtomMLAImpl:
 
     def __init__(self, spec: AttentionSpec) -> None:
         self.spec = spec
+        self.warm_bounds: tuple[int, int] | None = None  # see backend.warm_up_once
 
     def forward(self, layer, query: torch.Tensor, latent: torch.Tensor | None, value: None,
                 kv_cache: torch.Tensor, md: AttentionMetadata, output: torch.Tensor) -> torch.Tensor:
@@ -36,6 +38,7 @@ class AtomMLAImpl:
         if cache.dtype == torch.uint8:  # vLLM keeps fp8 caches as bytes; ours are e4m3
             cache = cache.view(torch.float8_e4m3fn)
         scale = layer._k_scale if self.spec.kv_cache_dtype.startswith("fp8") else None
+        warm_up_once(self, (cache,), query.dtype, scale, None)
         mla_forward(self.spec, query, latent, cache, md, scale, out=output[:n])
         return output
 
@@ -44,7 +47,9 @@ class MLAAttentionForVllm(AttentionForVllm):
     def __init__(self, spec: AttentionSpec) -> None:
         super().__init__(spec)
         self.head_size_v = spec.kv_lora_rank
+        warm_bounds = self.impl.warm_bounds
         self.impl = AtomMLAImpl(spec)
+        self.impl.warm_bounds = warm_bounds
 
     def forward(self, query: torch.Tensor, latent: torch.Tensor) -> torch.Tensor:
         """query [T, heads, r + rope], latent [T, r + rope] → [T, heads, r]"""

@@ -87,9 +87,10 @@ def test_qwen3_switch_routes_through_the_fused_op(checkpoint_factory, monkeypatc
     assert fused == plain
 
 
-def test_switch_is_ignored_with_one_log_line_by_layers_that_cannot_take_the_write(caplog):
+def test_switch_is_ignored_with_one_log_line_by_layers_that_cannot_take_the_write(caplog, monkeypatch):
     """A host attention layer without `kv_cache_write_args()` (vLLM's and SGLang's today) keeps the
-    unfused path, and the log says so once per layer class; the native layer takes the fused write."""
+    unfused path; asked for explicitly (ATOM_FUSED_QK_NORM_ROPE=1), the log says so once per layer class, by
+    default (on) nothing is said; the native layer takes the fused write."""
     from atom_core.layers.attention import AttentionSpec
     from atom_core.models.llama import _fused_write_supported, _warn_fused_unsupported
     from atom_frontends.native.attention import NativeAttention
@@ -99,6 +100,9 @@ def test_switch_is_ignored_with_one_log_line_by_layers_that_cannot_take_the_writ
 
     _warn_fused_unsupported.cache_clear()
     with caplog.at_level(logging.WARNING, logger="atom_core.models.llama"):
+        monkeypatch.delenv("ATOM_FUSED_QK_NORM_ROPE", raising=False)
+        assert not _fused_write_supported(LayerWithoutTheOffer())  # the default: nothing said
+        monkeypatch.setenv("ATOM_FUSED_QK_NORM_ROPE", "1")
         assert not _fused_write_supported(LayerWithoutTheOffer())
         assert not _fused_write_supported(LayerWithoutTheOffer())
     said = [r.getMessage() for r in caplog.records if "ATOM_FUSED_QK_NORM_ROPE" in r.getMessage()]

@@ -3,7 +3,7 @@
 The checkpoints vary what the MoE layer does (top-k 2, 3 and 4 of 8 or 16 experts, norm_topk_prob on and off,
 tied and untied embeddings, dense layers between MoE ones by `mlp_only_layers` and by `decoder_sparse_step`);
 test_parity.py's scenarios run on them (batched prompts of different lengths, prefix-cache hits, chunked prefill,
-preemption, the fused Qwen3 prologue). The canary: with fused_moe (or any op every model runs) broken on
+preemption, the unfused Qwen3 prologue). The canary: with fused_moe (or any op every model runs) broken on
 purpose, the MoE parity fails.
 """
 
@@ -26,7 +26,7 @@ CHECKPOINTS = {
 }
 # (preemption_with_prefix_cache left out: ~14 s, and its parts run here already)
 SCENARIOS = {f.__name__: f for f in (scenarios.prefix_cache, scenarios.chunked_prefill, scenarios.preemption,
-                                     scenarios.fused_prologue)}
+                                     scenarios.unfused_prologue)}
 # seed 1: with seed 0, transformers 4.56 (whose init draws other weights) gives one degenerate reference
 SCENARIO_CHECKPOINT = (MOE, dict(seed=1))
 

@@ -62,7 +62,7 @@ def truncated(ref: list[int], params: SamplingParams, eos: set[int]) -> tuple[li
 @pytest.mark.parametrize("scenario", [*test_parity.SCENARIOS.values(), test_parity.preemption_with_prefix_cache,
                                       test_parity.text_prompts], ids=lambda f: f.__name__)
 def test_parity_scenarios_with_overlap(checkpoint_factory, overlap_env, scenario):
-    """test_parity's scenarios (prefix hits, chunked prefill, preemption, the fused prologue) with overlap on."""
+    """test_parity's scenarios (prefix hits, chunked prefill, preemption, the unfused prologue) with overlap on."""
     ours, want = scenario(checkpoint_factory)
     assert ours == want
 

@@ -1,7 +1,7 @@
 """Greedy tokens of the native engine == HF transformers `generate` on the same saved checkpoint.
 
 Each scenario runs the engine, asserts that the path it is about really ran (cache hits, preemptions, chunks,
-the fused prologue) and returns (our tokens, transformers' tokens). The tests here want them equal;
+the unfused prologue) and returns (our tokens, transformers' tokens). The tests here want them equal;
 test_canary.py runs the same scenarios with one op broken on purpose and wants them to differ. The oracle
 (hf_greedy) refuses a reference whose tokens do not vary with the context.
 """
@@ -96,16 +96,16 @@ def preemption_with_prefix_cache(checkpoint_factory, checkpoint: Checkpoint = CA
     return got, hf_greedy(path, prompts, NEW_TOKENS)
 
 
-def fused_prologue(checkpoint_factory,
-                   checkpoint: Checkpoint = ("Qwen3ForCausalLM", dict(tie_word_embeddings=False))) -> Outcome:
-    """Qwen3's q/k norm + rotary + KV write as the one fused op (ATOM_FUSED_QK_NORM_ROPE=1), with prompts
-    chunked so later chunks read what earlier ones wrote."""
+def unfused_prologue(checkpoint_factory,
+                     checkpoint: Checkpoint = ("Qwen3ForCausalLM", dict(tie_word_embeddings=False))) -> Outcome:
+    """Qwen3's q/k norm, rotary and KV write as separate ops (ATOM_FUSED_QK_NORM_ROPE=0; the other scenarios
+    run the fused op, the default), with prompts chunked so later chunks read what earlier ones wrote."""
     path = checkpoint_factory(checkpoint[0], **checkpoint[1])
     prompts = random_prompts(LENGTHS, seed=8)
     with pytest.MonkeyPatch.context() as env:
-        env.setenv("ATOM_FUSED_QK_NORM_ROPE", "1")  # read when the engine's config is made
+        env.setenv("ATOM_FUSED_QK_NORM_ROPE", "0")  # read when the engine's config is made
         llm = LLM(path, block_size=4, max_num_batched_tokens=24)
-    assert all(layer.self_attn.fused_qk_norm_rope for layer in llm.engine.model.model.layers)
+    assert not any(layer.self_attn.fused_qk_norm_rope for layer in llm.engine.model.model.layers)
     return _generate(llm, prompts), hf_greedy(path, prompts, NEW_TOKENS)
 
 
@@ -125,7 +125,7 @@ def text_prompts(checkpoint_factory) -> Outcome:
 
 
 # Scenarios the canary breaks ops under (test_canary.py); each also has its parity test below.
-SCENARIOS = {f.__name__: f for f in (plain, prefix_cache, chunked_prefill, preemption, fused_prologue)}
+SCENARIOS = {f.__name__: f for f in (plain, prefix_cache, chunked_prefill, preemption, unfused_prologue)}
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -135,7 +135,7 @@ def test_greedy_matches_transformers(checkpoint_factory, case):
 
 
 @pytest.mark.parametrize("scenario", [prefix_cache, chunked_prefill, preemption, preemption_with_prefix_cache,
-                                      fused_prologue, text_prompts], ids=lambda f: f.__name__)
+                                      unfused_prologue, text_prompts], ids=lambda f: f.__name__)
 def test_scenario_matches_transformers(checkpoint_factory, scenario):
     ours, want = scenario(checkpoint_factory)
     assert ours == want
