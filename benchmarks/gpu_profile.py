@@ -15,9 +15,9 @@ import torch
 KINDS = (
     ("inductor-fused", r"^triton_(poi|red|per)_"),
     ("moe", r"moe"),
-    ("attention", r"attn|attention|paged|flash|mla_decode|mla_prefill|fmha"),
+    ("attention", r"attn|attention|paged|flash|mla_decode|mla_prefill|fmha|^_(decode|merge|prefill)_kernel"),
     ("kv-cache write", r"kv_cache|write_kv|reshape_and_cache|latent_cache"),
-    ("qk-norm/rotary", r"rotary|rope|qk_norm"),
+    ("qk-norm/rotary", r"rotary|rope|qk_norm|^_fused_kernel"),
     ("norm", r"norm"),
     ("activation", r"silu|gelu|act_and_mul"),
     ("gemm", r"gemm|gemv|matmul|cutlass|xmma|cublas|nvjet|sm\d+_"),
