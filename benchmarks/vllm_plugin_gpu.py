@@ -7,11 +7,12 @@ own model), in-process engine, one engine per side for all rows:
     new tokens / time of the whole generate (prefill included);
   - offline: 256 requests, prompt and output lengths uniform in [100, 1024] (seeded), temperature 1,
     EOS ignored; output tokens/s of the whole run.
-Each row runs once untimed, then timed (the first run's time is printed too: it holds JIT compilation).
+Each row runs once untimed, then timed --repeats times (default 3; the median counts; the first run's time is
+printed too, and the Triton compilations inside the timed runs).
 Prints both sides, how many batch-32 greedy sequences agree (bf16: near-ties may differ), and the
 ratio atom-core / vLLM's own last; writes the table to benchmarks/results/.
 
-    python benchmarks/vllm_plugin_gpu.py [--checkpoint DIR] [--rows batch1,batch32,offline] [--profile]
+    python benchmarks/vllm_plugin_gpu.py [--checkpoint DIR] [--rows batch1,batch32,offline] [--repeats N] [--profile]
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import datetime
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 import time
@@ -69,8 +71,8 @@ def decode_profile(llm, vocab: int) -> str:
     return "\n".join(parts)
 
 
-def worker(path: str, rows: list[str], profile: bool = False) -> dict:
-    """One side, in this process: one engine, a warm-up, then each row timed."""
+def worker(path: str, rows: list[str], profile: bool = False, repeats: int = 1) -> dict:
+    """One side, in this process: one engine, a warm-up, then each row timed `repeats` times (the median counts)."""
     from vllm import LLM, SamplingParams
 
     from atom_kernels.triton.jit_watch import JitWatch
@@ -89,14 +91,18 @@ def worker(path: str, rows: list[str], profile: bool = False) -> dict:
         t = time.perf_counter()
         llm.generate(requests, params, use_tqdm=False)
         result[f"{row}_first_s"] = time.perf_counter() - t
-        with JitWatch() as jit:  # Triton compilations inside the timed run (a variant first met there)
-            t = time.perf_counter()
-            outs = llm.generate(requests, params, use_tqdm=False)
-            elapsed = time.perf_counter() - t
+        rates = []
+        with JitWatch() as jit:  # Triton compilations inside the timed runs (a variant first met there)
+            for _ in range(repeats):
+                t = time.perf_counter()
+                outs = llm.generate(requests, params, use_tqdm=False)
+                elapsed = time.perf_counter() - t
+                produced = sum(len(o.outputs[0].token_ids) for o in outs)
+                assert produced == sum(max_tokens), f"{row}: {produced} tokens, expected {sum(max_tokens)}"
+                rates.append(produced / elapsed)
         result[f"{row}_jit"] = str(jit)
-        produced = sum(len(o.outputs[0].token_ids) for o in outs)
-        assert produced == sum(max_tokens), f"{row}: {produced} tokens, expected {sum(max_tokens)}"
-        result[row] = {"tok_s": produced / elapsed, "tokens": [list(o.outputs[0].token_ids) for o in outs]}
+        result[row] = {"tok_s": statistics.median(rates), "runs": rates,
+                       "tokens": [list(o.outputs[0].token_ids) for o in outs]}
     if profile:
         result["profile"] = decode_profile(llm, vocab)
     result["model"] = llm.apply_model(lambda m: f"{type(m).__module__}.{type(m).__qualname__}")[0]
@@ -104,15 +110,16 @@ def worker(path: str, rows: list[str], profile: bool = False) -> dict:
     return result
 
 
-def run_side(path: str, rows: list[str], own: bool, profile: bool) -> dict:
+def run_side(path: str, rows: list[str], own: bool, profile: bool, repeats: int = 1) -> dict:
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "ATOM_DISABLE_VLLM_PLUGIN": "1" if own else "0"}
-    cmd = [sys.executable, __file__, "--worker", path, "--rows", ",".join(rows)] + (["--profile"] if profile else [])
+    cmd = [sys.executable, __file__, "--worker", path, "--rows", ",".join(rows), "--repeats", str(repeats)]
+    cmd += ["--profile"] if profile else []
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     name = "vLLM own" if own else "atom-core"
     if proc.returncode != 0:
         raise SystemExit(f"{name} side failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-6000:]}")
     for line in proc.stderr.splitlines():  # what vLLM decided about compilation and graphs for our model
-        if "atom-core" in line or "cudagraph" in line.lower() or "CUDA graph" in line:
+        if ("atom-core" in line or "cudagraph" in line.lower() or "CUDA graph" in line) and "it/s" not in line:
             print(f"  [{name}] {line[-200:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -122,6 +129,7 @@ def main() -> None:
     ap.add_argument("--checkpoint", help="checkpoint dir (built once into the temp dir when absent)")
     ap.add_argument("--rows", default=",".join(ROWS))
     ap.add_argument("--profile", action="store_true", help="also profile 8 decode steps at batch 1 and 32 on each side")
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs of each row per side (the median counts)")
     ap.add_argument("--only-ours", action="store_true", help="only atom-core's side, profiled; no table")
     ap.add_argument("--worker", metavar="CHECKPOINT", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -130,7 +138,7 @@ def main() -> None:
         raise SystemExit(f"unknown rows {sorted(unknown)}; choose from {ROWS}")
     sys.path.insert(0, str(Path(__file__).parent))
     if args.worker:
-        print(json.dumps(worker(args.worker, rows, args.profile)))
+        print(json.dumps(worker(args.worker, rows, args.profile, args.repeats)))
         return
     import torch
     from native_gpu import checkpoint
@@ -139,8 +147,8 @@ def main() -> None:
     if args.only_ours:  # a profile of our side alone
         print(run_side(path, rows, own=False, profile=True).get("profile"))
         return
-    own = run_side(path, rows, own=True, profile=args.profile)
-    ours = run_side(path, rows, own=False, profile=args.profile)
+    own = run_side(path, rows, own=True, profile=args.profile, repeats=args.repeats)
+    ours = run_side(path, rows, own=False, profile=args.profile, repeats=args.repeats)
     for name, side in (("vLLM own", own), ("atom-core", ours)):
         if "profile" in side:
             print(f"profile, {name}: {side['profile']}")
@@ -158,6 +166,9 @@ def main() -> None:
         f"{row} own {own[f'{row}_jit']} / atom-core {ours[f'{row}_jit']}" for row in rows))
     lines.append("first (untimed) run of each row, s: " + ", ".join(
         f"{row} own {own[f'{row}_first_s']:.1f} / atom-core {ours[f'{row}_first_s']:.1f}" for row in rows))
+    lines.append("timed runs, tok/s (medians below): " + "; ".join(
+        f"{row} own {', '.join(f'{r:,.0f}' for r in own[row]['runs'])} / atom-core "
+        f"{', '.join(f'{r:,.0f}' for r in ours[row]['runs'])}" for row in rows))
     lines.append(f"{'row':<10}{'vLLM own tok/s':>16}{'atom-core tok/s':>17}{'ratio':>8}")
     for row in rows:
         lines.append(f"{row:<10}{own[row]['tok_s']:>16,.0f}{ours[row]['tok_s']:>17,.0f}"
