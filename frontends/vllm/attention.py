@@ -82,8 +82,9 @@ class AttentionForVllm(nn.Module, AttentionLayerBase):
         self.impl = AtomAttentionImpl(spec.num_heads, spec.head_dim, spec.scale, spec.num_kv_heads,
                                       sliding_window=spec.sliding_window, kv_cache_dtype=spec.kv_cache_dtype,
                                       prefix=spec.prefix)
-        self.impl.warm_bounds = (vllm_config.model_config.max_model_len,
-                                 vllm_config.scheduler_config.max_num_batched_tokens)
+        if vllm_config.model_config is not None:  # (a layer built outside an engine has none: no warm-up)
+            self.impl.warm_bounds = (vllm_config.model_config.max_model_len,
+                                     vllm_config.scheduler_config.max_num_batched_tokens)
         forward_ctx = vllm_config.compilation_config.static_forward_context
         if spec.prefix in forward_ctx:
             raise ValueError(f"duplicate attention layer name {spec.prefix!r} in vLLM's forward context")

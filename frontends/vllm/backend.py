@@ -53,7 +53,7 @@ def warm_up_once(impl, caches: tuple[torch.Tensor, ...], dtype: torch.dtype, k_s
     capture: vLLM binds caches after building the model, then runs its warm-up batches and the piecewise
     captures eagerly between graph pieces, so this happens at start-up. impl.warm_bounds: (max_model_len,
     max_num_batched_tokens), set by the layer (None: no warm-up)."""
-    if impl.warm_bounds is None or torch.cuda.is_current_stream_capturing():
+    if impl.warm_bounds is None or (caches[0].is_cuda and torch.cuda.is_current_stream_capturing()):
         return
     max_model_len, max_query_len = impl.warm_bounds
     impl.warm_bounds = None

@@ -20,6 +20,8 @@ this on the H100).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -99,15 +101,35 @@ def mla_decode_config(num_seqs: int, num_heads: int, max_seq_len: int, device, q
     """Heads per program, tile, warps, stages and split count (sweep: benchmarks/mla_decode.py --sweep).
 
     float32 queries (parity tests) take 16 heads and 16-row tiles: IEEE fp32 dots need twice the registers.
+    16-bit queries, from the H100 sweep (latent 512 + 64, B x L 64 x 4096 / 128 x 2048 / 16 x 16384, bf16 and fp8
+    caches): up to 16 heads, 32-row tiles 3 stages deep (bf16 118 vs 147 us at 2 stages: 0.85 of copy bandwidth;
+    fp8 the same either way); 64 heads, 64-row tiles 2 deep (bf16 369 vs 464 us, fp8 523 vs 813 us for 32-row
+    tiles), which need ~220 KB of shared memory: where the GPU has less, and at 32 heads (not swept), 32-row tiles
+    2 deep as before.
     """
     fp32 = query_dtype == torch.float32
     block_h = min(pow2(num_heads, 16), 16 if fp32 else MAX_HEADS_PER_PROGRAM)
-    block_n = 16 if fp32 else 32
+    smem = shared_memory(device)
+    if fp32:
+        block_n, stages = 16, 1
+    elif block_h <= 16:
+        block_n, stages = 32, 3 if smem >= 160 << 10 else 2
+    elif block_h == 64 and smem >= 220 << 10:
+        block_n, stages = 64, 2
+    else:
+        block_n, stages = 32, 2
     warps = 4 if block_h <= 16 else 8
     programs = num_seqs * triton.cdiv(num_heads, block_h)
     splits = pick_splits(programs, PROGRAMS_PER_SM * num_sms(device), triton.cdiv(max(max_seq_len, 1), 256))
-    return dict(block_h=block_h, block_n=block_n, num_warps=warps, num_stages=1 if fp32 else 2,
-                num_splits=splits)
+    return dict(block_h=block_h, block_n=block_n, num_warps=warps, num_stages=stages, num_splits=splits)
+
+
+@functools.cache
+def shared_memory(device: torch.device) -> int:
+    """Bytes of shared memory one program may use on this GPU (0 off CUDA: the interpreter on CPU tensors)."""
+    if device.type != "cuda":
+        return 0
+    return torch.cuda.get_device_properties(device).shared_memory_per_block_optin
 
 
 def launch_mla_decode(query, cache, kv_indptr, kv_indices, seq_lens, query_start_loc, qk_scale, kv_lora_rank,
