@@ -55,7 +55,7 @@ def moe_token_counts(max_tokens: int) -> list[int]:
 
 
 def warm_up_batches(max_model_len: int, max_query_len: int) -> list[tuple[list[int], list[int], int]]:
-    """(query lengths, sequence lengths, max_seq_len hint) of each batch warm_up runs."""
+    """(query lengths, sequence lengths, max_seq_len hint) of each batch warm_up_attention runs."""
     top = min(max_query_len, max_model_len)
     lens = _powers_of_two_up_to(top, 2) if top > 1 else []
     batches = [([q], [q], q) for q in lens]  # a prefill alone
@@ -80,7 +80,8 @@ def _metadata(q_lens: list[int], seq_lens: list[int], hint: int, block_size: int
 
 @torch.inference_mode()
 def warm_up_attention(spec: AttentionSpec, caches: tuple[torch.Tensor, ...], dtype: torch.dtype, max_model_len: int,
-            max_query_len: int, k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> int:
+                      max_query_len: int, k_scale: torch.Tensor | None = None,
+                      v_scale: torch.Tensor | None = None) -> int:
     """Run the layer's attention over every batch of warm_up_batches, once per process for layers of one shape;
     returns how many batches ran (0: nothing to warm, or already warm).
 
