@@ -8,7 +8,9 @@ CPU-only build would fail.
 What the subclass adds, in check_and_update_config:
 - one log line saying whether atom-core or vLLM's own implementation runs the model's architecture;
 - under piecewise compilation (VLLM_COMPILE, GPUs), our attention op joins vLLM's splitting ops so
-  that it runs outside the compiled/captured pieces, like vLLM's own attention.
+  that it runs outside the compiled/captured pieces, like vLLM's own attention;
+- for an MLA model atom-core runs, the user's chunked prefill, prefix caching and step token budget stand where
+  vLLM's CPU platform turns them off for MLA (its own CPU MLA cannot take them; ours can).
 """
 
 from __future__ import annotations
@@ -47,6 +49,28 @@ def log_architecture_choice(vllm_config) -> None:
                        "falling back to vLLM's own implementation", arch, ", ".join(supported_architectures()))
 
 
+def _scheduling(vllm_config) -> tuple:
+    sched, cache = vllm_config.scheduler_config, vllm_config.cache_config
+    return sched.enable_chunked_prefill, cache.enable_prefix_caching, sched.max_num_batched_tokens
+
+
+def keep_mla_scheduling(vllm_config, before: tuple) -> None:
+    """Put back chunked prefill, prefix caching and max_num_batched_tokens as they were before the base platform's
+    check (vLLM's CPU platform turns the first two off for every MLA model, with one log line), when atom-core runs
+    the model: our MLA layer reads any chunk over any cached prefix (tests/frontends/vllm/test_mla_generation.py)."""
+    from atom_frontends.vllm.plugin import atom_runs
+
+    model_config = getattr(vllm_config, "model_config", None)
+    archs = getattr(model_config, "architectures", None) or []
+    if not archs or not getattr(model_config, "use_mla", False) or not atom_runs(archs[0]):
+        return
+    if _scheduling(vllm_config) != before:
+        sched, cache = vllm_config.scheduler_config, vllm_config.cache_config
+        sched.enable_chunked_prefill, cache.enable_prefix_caching, sched.max_num_batched_tokens = before
+        logger.info("atom-core: %s runs atom-core's MLA, which takes chunked prefill and prefix caching: "
+                    "kept as configured (chunked prefill %s, prefix caching %s)", archs[0], before[0], before[1])
+
+
 def add_attention_splitting_op(vllm_config) -> None:
     """Under VLLM_COMPILE, make our attention op a graph split point like vLLM's attention ops."""
     from vllm.config import CompilationMode
@@ -68,7 +92,9 @@ def _make(name: str) -> type:
 
     @classmethod
     def check_and_update_config(cls, vllm_config) -> None:
+        before = _scheduling(vllm_config)
         base.check_and_update_config.__func__(cls, vllm_config)
+        keep_mla_scheduling(vllm_config, before)
         log_architecture_choice(vllm_config)
         add_attention_splitting_op(vllm_config)
 

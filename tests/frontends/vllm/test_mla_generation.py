@@ -3,7 +3,9 @@ checkpoints (V2 without q-LoRA and a 16-wide latent; V3 with q-LoRA, noaux_tc, y
 latent with yarn rope (the only MLA shape vLLM's own CPU MLA runs) == vLLM's own DeepSeek-V3 too.
 
 vLLM gives an MLA model (decided by the checkpoint's model_type) block size 16 and, on its CPU platform, turns
-prefix caching and chunked prefill off: those are not exercised here."""
+prefix caching and chunked prefill off for every MLA model; our platform keeps them as configured when atom-core
+runs the model: DeepSeek-V3 with prefix caching (a second round of the same prompts) and 32-token chunks ==
+transformers."""
 
 from __future__ import annotations
 
@@ -30,14 +32,23 @@ def _job(path, prompts, **engine) -> dict:
     return {"model": str(path), "prompts": prompts, "max_tokens": NEW_TOKENS, "rounds": 1, "engine": engine}
 
 
+# (name, engine settings, rounds) of the extra job: chunked prefill and prefix caching, kept by our platform
+SCHEDULED = ("v3-prefix-chunked", dict(enable_prefix_caching=True, enable_chunked_prefill=True,
+                                       max_num_batched_tokens=32), 2)
+
+
 @pytest.fixture(scope="module")
 def runs(checkpoint_factory, prompts, tmp_path_factory):
     """name → (path, our result) for every checkpoint, all in ONE vLLM process (startup is most of the time), and
     vLLM's own DeepSeek-V3 on the real latent in a second process at the same time."""
     paths = {name: checkpoint_factory(arch, **overrides)
              for name, (arch, overrides) in {**CHECKPOINTS, "real-latent": REAL_LATENT}.items()}
+    name, engine, rounds = SCHEDULED
+    jobs = [_job(p, prompts) for p in paths.values()]
+    jobs.append(dict(_job(paths["v3-qlora-noaux-yarn"], prompts, **engine), rounds=rounds))
+    paths[name] = paths["v3-qlora-noaux-yarn"]
     with ThreadPoolExecutor(2) as pool:
-        ours = pool.submit(run_vllm, [_job(p, prompts) for p in paths.values()],
+        ours = pool.submit(run_vllm, jobs,
                            tmp_path_factory.mktemp("vllm_mla_atom"), VLLM_ENABLE_V1_MULTIPROCESSING="0")
         own = pool.submit(run_vllm, [_job(paths["real-latent"], prompts, enforce_eager=True)],
                           tmp_path_factory.mktemp("vllm_mla_own"), VLLM_ENABLE_V1_MULTIPROCESSING="0",
@@ -69,3 +80,17 @@ def test_real_latent_matches_vllm_own_deepseek_and_transformers(runs, prompts):
     assert until_eos(expected) == hf_greedy(path, prompts, NEW_TOKENS), \
         "vLLM's own DeepSeek-V3 disagrees with transformers: the oracle is broken"
     assert ours["rounds"][0]["tokens"] == expected
+
+
+@pytest.mark.slow
+def test_prefix_caching_and_chunked_prefill_kept_for_our_mla(runs, prompts):
+    """vLLM's CPU platform would turn both off for an MLA model; ours keeps them, and the tokens stay right."""
+    name, engine, _ = SCHEDULED
+    path, ours = runs[0][name]
+    _check_ours(ours)
+    assert ours["scheduling"] == {"chunked_prefill": True, "prefix_caching": True, "max_num_batched_tokens": 32}
+    first, second = ours["rounds"]
+    assert sum(second["num_cached_tokens"]) > 0, "the second round hit no cached prefix"
+    expected = hf_greedy(path, prompts, NEW_TOKENS)
+    assert until_eos(first["tokens"]) == until_eos(second["tokens"]) == expected
+

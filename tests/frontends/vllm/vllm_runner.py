@@ -77,10 +77,15 @@ def run_job(job: dict) -> dict:
     from tests.frontends.vllm.vllm_runner import inspect_worker as probe
 
     workers = llm.apply_model(probe)
-    cudagraph_mode = str(llm.llm_engine.vllm_config.compilation_config.cudagraph_mode)
+    config = llm.llm_engine.vllm_config
+    cudagraph_mode = str(config.compilation_config.cudagraph_mode)
+    scheduling = {"chunked_prefill": config.scheduler_config.enable_chunked_prefill,
+                  "prefix_caching": config.cache_config.enable_prefix_caching,
+                  "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens}
     del llm
     gc.collect()
     return {"rounds": rounds, "workers": workers, "driver_pid": os.getpid(), "cudagraph_mode": cudagraph_mode,
+            "scheduling": scheduling,
             "startup_s": t1 - t0, "generate_s": t2 - t1}
 
 
