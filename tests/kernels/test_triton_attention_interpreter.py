@@ -7,10 +7,6 @@ Tiny shapes on CPU tensors, in a subprocess (TRITON_INTERPRET is read at import)
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -19,6 +15,7 @@ pytest.importorskip("triton")
 from atom_kernels.triton.attention import paged_attention  # noqa: E402  (after the triton skip)
 from atom_kernels.triton.attention_common import softmax_scale  # noqa: E402
 from atom_kernels.triton.attention_prefill import launch_prefill  # noqa: E402
+from tests.interpreter import run_under_interpreter  # noqa: E402
 from tests.kernels.test_triton_attention import check, expected, make_batch, positional  # noqa: E402
 
 F32, F16, FP8 = torch.float32, torch.float16, torch.float8_e4m3fn
@@ -64,12 +61,5 @@ def interpreter_checks() -> None:
 def test_prefill_under_the_interpreter():
     """The checks above in a subprocess. The interpreter of triton 3.6 cannot run loops with runtime bounds
     under numpy >= 2.4."""
-    np = pytest.importorskip("numpy")
-    if tuple(int(p) for p in np.__version__.split(".")[:2]) >= (2, 4):
-        pytest.skip(f"triton's interpreter fails on runtime loop bounds with numpy {np.__version__} (< 2.4 works)")
     code = "from tests.kernels.test_triton_attention_interpreter import interpreter_checks; interpreter_checks()"
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "interpreter checks passed" in done.stdout
+    run_under_interpreter(code, "interpreter checks passed")

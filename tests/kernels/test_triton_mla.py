@@ -10,10 +10,6 @@ stores wrong (1.96 -> 1.0), so the fp8 cache write is checked on the GPU only).
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -26,6 +22,7 @@ from atom_kernels.triton.mla import mla_attention  # noqa: E402
 from atom_kernels.triton.mla_cache import write_latent_cache  # noqa: E402
 from atom_kernels.triton.mla_decode import launch_mla_decode  # noqa: E402
 from atom_kernels.triton.mla_kv_indices import mla_kv_indices  # noqa: E402
+from tests.interpreter import run_under_interpreter  # noqa: E402
 
 F32, BF16, F16, FP8 = torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn
 # Outputs are O(1) weighted means of randn latent rows. bf16/fp16: rounded query and output; fp8: the same
@@ -298,12 +295,5 @@ def interpreter_checks() -> None:
 def test_kernels_under_the_interpreter():
     """The MLA kernels through Triton's CPU interpreter (a subprocess: TRITON_INTERPRET is read at import). The
     interpreter of triton 3.6 cannot run loops with runtime bounds under numpy >= 2.4."""
-    np = pytest.importorskip("numpy")
-    if tuple(int(p) for p in np.__version__.split(".")[:2]) >= (2, 4):
-        pytest.skip(f"triton's interpreter fails on runtime loop bounds with numpy {np.__version__} (< 2.4 works)")
-    code = "from tests.kernels.test_triton_mla import interpreter_checks; interpreter_checks()"
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "interpreter checks passed" in done.stdout
+    run_under_interpreter("from tests.kernels.test_triton_mla import interpreter_checks; interpreter_checks()",
+                          "interpreter checks passed")

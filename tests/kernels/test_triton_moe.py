@@ -7,10 +7,6 @@ triton 3.6 multiplies bf16 tiles as raw int16 bits).
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -19,6 +15,7 @@ pytest.importorskip("triton")
 from atom_kernels import reference as ref  # noqa: E402  (after the triton skip)
 from atom_kernels.triton.moe import fused_moe, moe_config  # noqa: E402
 from atom_kernels.triton.moe_align import max_blocks, moe_align  # noqa: E402
+from tests.interpreter import run_under_interpreter  # noqa: E402
 from tests.kernels.test_triton_attention import ids as dtype_ids  # noqa: E402
 
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
@@ -217,12 +214,5 @@ def interpreter_checks() -> None:
 def test_kernels_under_the_interpreter():
     """moe_align and fused_moe through Triton's CPU interpreter (a subprocess: TRITON_INTERPRET is read at
     import). The interpreter of triton 3.6 cannot run loops with runtime bounds under numpy >= 2.4."""
-    np = pytest.importorskip("numpy")
-    if tuple(int(p) for p in np.__version__.split(".")[:2]) >= (2, 4):
-        pytest.skip(f"triton's interpreter fails on runtime loop bounds with numpy {np.__version__} (< 2.4 works)")
-    code = "from tests.kernels.test_triton_moe import interpreter_checks; interpreter_checks()"
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "interpreter checks passed" in done.stdout
+    run_under_interpreter("from tests.kernels.test_triton_moe import interpreter_checks; interpreter_checks()",
+                          "interpreter checks passed")

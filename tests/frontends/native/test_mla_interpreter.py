@@ -10,11 +10,9 @@ kernels and their routing run in one step). A subprocess: TRITON_INTERPRET is re
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
+
+from tests.interpreter import run_under_interpreter
 
 pytest.importorskip("triton")
 
@@ -51,14 +49,8 @@ def run_scenarios(path: str, persistent: bool) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "rebuilt"])
 def test_triton_mla_kernels_match_transformers_under_the_interpreter(checkpoint_factory, persistent):
-    np = pytest.importorskip("numpy")
-    if tuple(int(p) for p in np.__version__.split(".")[:2]) >= (2, 4):
-        pytest.skip(f"triton's interpreter fails on runtime loop bounds with numpy {np.__version__} (< 2.4 works)")
     path = checkpoint_factory("DeepseekV3ForCausalLM")
     code = ("from tests.frontends.native.test_mla_interpreter import run_scenarios; "
             f"run_scenarios({str(path)!r}, {persistent})")
-    env = dict(os.environ, TRITON_INTERPRET="1", ATOM_USE_PERSISTENT_MLA_DECODE_METADATA=str(int(persistent)))
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True)
-    assert done.returncode == 0, done.stdout + done.stderr[-5000:]
-    assert "interpreter parity passed" in done.stdout
+    run_under_interpreter(code, "interpreter parity passed",
+                          ATOM_USE_PERSISTENT_MLA_DECODE_METADATA=str(int(persistent)))
