@@ -52,14 +52,26 @@ SWEEP_ROUNDS, SWEEP_REPS = 2, 10
 FLUSH_BYTES = 256 << 20  # > 5x the H100's 50 MB L2
 
 
-def save_results(stem: str, gpu: str, lines: list[str], out: str | None) -> Path:
-    """A benchmark's printed lines, to `out` or to benchmarks/results/<stem>-<date>-<gpu>.txt (said where)."""
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", gpu).strip("-")
-    path = Path(out or Path(__file__).parent / "results" / f"{stem}-{datetime.date.today()}-{slug}.txt")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines) + "\n")
-    print(f"saved {path}")
-    return path
+class Report:
+    """A benchmark's output: say() prints a line and keeps it; save() writes the kept lines to the file of the
+    --out argument it adds to the parser, or to benchmarks/results/<stem>-<date>-<gpu>.txt, and says where."""
+
+    def __init__(self, stem: str, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--out", help="also write the output to this file (default: benchmarks/results/"
+                            f"{stem}-<date>-<gpu>.txt)")
+        self.stem, self.lines = stem, []
+
+    def say(self, s: str = "") -> None:
+        print(s, flush=True)
+        self.lines.append(s)
+
+    def save(self, out: str | None) -> Path:
+        slug = re.sub(r"[^A-Za-z0-9]+", "-", torch.cuda.get_device_name()).strip("-")
+        path = Path(out or Path(__file__).parent / "results" / f"{self.stem}-{datetime.date.today()}-{slug}.txt")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("\n".join(self.lines) + "\n")
+        print(f"saved {path}")
+        return path
 
 
 def flush_l2(buf: torch.Tensor) -> None:
@@ -286,15 +298,9 @@ def as_key(cfg: dict) -> tuple:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", action="store_true")
-    parser.add_argument("--out", help="also write the output to this file (default: benchmarks/results/"
-                        "attention_decode-<date>-<gpu>.txt)")
+    report = Report("attention_decode", parser)
+    say = report.say
     args = parser.parse_args()
-    lines: list[str] = []
-
-    def say(s: str = "") -> None:
-        print(s, flush=True)
-        lines.append(s)
-
     gpu, versions = torch.cuda.get_device_name(), f"torch {torch.__version__}, triton {triton.__version__}"
     say(f"attention_decode {datetime.date.today()} {gpu}, {versions}")
     say(f"heads {HEADS}/{KV_HEADS}, head_dim {HEAD_DIM}, bf16 queries, paged block size {BLOCK}; "
@@ -353,7 +359,7 @@ def main() -> None:
             f"{spread:11.1%}")
     say("(fp8 GB/s: fp8 bytes read / time; round spread: max of (max - min) / median of the per-round medians of "
         "ours bf16 and the SDPA peer)")
-    save_results("attention_decode", gpu, lines, args.out)
+    report.save(args.out)
 
 
 if __name__ == "__main__":

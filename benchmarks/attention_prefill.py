@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-from attention_decode import gpu_times, save_results, summary  # same timing method (benchmarks/ is on sys.path)
+from attention_decode import Report, gpu_times, summary  # same timing method (benchmarks/ is on sys.path)
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
@@ -235,15 +235,9 @@ def sweep_lines(args, out, work, group, new) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-sweep", action="store_true", help="skip the tile sweep of our kernel")
-    parser.add_argument("--out", help="also write the output to this file (default: benchmarks/results/"
-                        "attention_prefill-<date>-<gpu>.txt)")
+    report = Report("attention_prefill", parser)
+    say = report.say
     args = parser.parse_args()
-    lines: list[str] = []
-
-    def say(s: str = "") -> None:
-        print(s, flush=True)
-        lines.append(s)
-
     gpu = torch.cuda.get_device_name()
     say(f"attention_prefill {datetime.date.today()} {gpu}, torch {torch.__version__}, triton {triton.__version__}")
     say(f"head_dim {HEAD_DIM}, bf16, paged block size {BLOCK}; median of {ROUNDS} interleaved rounds x {REPS} "
@@ -255,7 +249,7 @@ def main() -> None:
     for model, title, ours, old, (flash, _), (best, best_name) in rows:
         say(f"{model:11s} {title:24s} {fmt(ours, 6)} {fmt(old, 8)} {fmt(flash, 6)} {fmt(best, 9)} "
             f"({best_name:20s}) {ratio(ours, old, 13)} {ratio(ours, flash, 10)} {ratio(ours, best, 9)}")
-    save_results("attention_prefill", gpu, lines, args.out)
+    report.save(args.out)
 
 
 if __name__ == "__main__":

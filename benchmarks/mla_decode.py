@@ -31,7 +31,7 @@ import sys
 
 import torch
 import triton
-from attention_decode import gpu_times, save_results, summary  # same timing method (benchmarks/ is on sys.path)
+from attention_decode import Report, gpu_times, summary  # same timing method (benchmarks/ is on sys.path)
 
 import atom_kernels
 from atom_kernels import reference
@@ -128,16 +128,10 @@ def reference_fn(q, cache, tables, seq_lens, qsl, scale=None):
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", help="also write the output here (default: benchmarks/results/"
-                        "mla_decode-<date>-<gpu>.txt)")
     parser.add_argument("--sweep", action="store_true", help="also time a grid of decode launch configs")
+    report = Report("mla_decode", parser)
+    say = report.say
     args = parser.parse_args()
-    lines: list[str] = []
-
-    def say(s: str = "") -> None:
-        print(s, flush=True)
-        lines.append(s)
-
     gpu = torch.cuda.get_device_name()
     say(f"mla_decode {datetime.date.today()} {gpu}, torch {torch.__version__}, triton {triton.__version__}")
     say(f"latent {R} + {ROPE}, block size {BLOCK} (shuffled), bf16 queries; median of {ROUNDS} interleaved rounds "
@@ -215,7 +209,7 @@ def main() -> int:
             f"{med.get('torch bmm bf16', float('nan')) * 1e3:13.1f} {ref}  {bst}")
     say(f"(copy bandwidth {copy_bw / 1e9:.0f} GB/s; goals: ours >= 0.80 of copy, fp8/bf16 <= 0.60; reference = "
         "atom_kernels.reference.mla_attention, float32, skipped where its copies would not fit)")
-    save_results("mla_decode", gpu, lines, args.out)
+    report.save(args.out)
     return 0
 
 

@@ -22,7 +22,7 @@ import time
 
 import torch
 import triton
-from attention_decode import save_results  # benchmarks/ is on sys.path
+from attention_decode import Report  # benchmarks/ is on sys.path
 
 from atom_kernels.reference.mla import MLA_BUFFERS_KEY, mla_decode_buffers, mla_decode_metadata
 
@@ -72,15 +72,9 @@ def gpu_us(fn) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", help="also write the output here (default: benchmarks/results/"
-                        "mla_metadata-<date>-<gpu>.txt)")
+    report = Report("mla_metadata", parser)
+    say = report.say
     args = parser.parse_args()
-    lines: list[str] = []
-
-    def say(s: str = "") -> None:
-        print(s, flush=True)
-        lines.append(s)
-
     gpu = torch.cuda.get_device_name()
     say(f"mla_metadata {datetime.date.today()} {gpu}, torch {torch.__version__}, triton {triton.__version__}")
     say(f"block size {BLOCK}, table width {WIDTH}, context 1..4096; host: {HOST_STEPS} builds, GPU: {GPU_STEPS}")
@@ -109,7 +103,7 @@ def main() -> int:
         (ph, pd), (rh, rd) = t["persistent"], t["rebuilt"]
         say(f"{batch:5d} {ph:19.1f} {rh:16.1f} {pd:18.1f} {rd:15.1f} {copy:15.1f} {rh / ph:11.2f} {rd / pd:10.2f}")
     say("(ratio = rebuilt / persistent: > 1 means the persistent buffers are faster)")
-    save_results("mla_metadata", gpu, lines, args.out)
+    report.save(args.out)
     return 0
 
 

@@ -39,9 +39,9 @@ import torch
 import transformers
 import triton
 from attention_decode import (  # same timing method; benchmarks/ is on sys.path
+    Report,
     flush_l2,
     gpu_times,
-    save_results,
     summary,
 )
 from transformers.models.qwen3_moe import modeling_qwen3_moe as qm
@@ -201,14 +201,9 @@ def main() -> int:
     parser.add_argument("--sweep", action="store_true")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--tokens", type=int, nargs="+", default=TOKENS, help="token counts (default: all four)")
-    parser.add_argument("--out", help="also write the output here (default benchmarks/results/moe-<date>-<gpu>.txt)")
+    report = Report("moe", parser)
+    say = report.say
     args = parser.parse_args()
-    lines: list[str] = []
-
-    def say(s: str = "") -> None:
-        print(s, flush=True)
-        lines.append(s)
-
     warnings.filterwarnings("ignore")  # transformers warns that a standalone block has no experts implementation
     gpu = torch.cuda.get_device_name()
     say(f"moe {datetime.date.today()} {gpu}, torch {torch.__version__}, triton {triton.__version__}, "
@@ -269,7 +264,7 @@ def main() -> int:
             f"{ratio['torch reference']:10.3f} {ratio['hf experts eager']:14.3f} "
             f"{ratio['hf experts grouped_mm']:19.3f} {blk:20.3f}")
     say("(ratios are time ours / time peer: below 1 means ours is faster)")
-    save_results("moe", gpu, lines, args.out)
+    report.save(args.out)
     return 0
 
 

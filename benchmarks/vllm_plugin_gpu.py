@@ -125,6 +125,9 @@ def run_side(path: str, rows: list[str], own: bool, profile: bool, repeats: int 
 
 
 def main() -> None:
+    sys.path.insert(0, str(Path(__file__).parent))
+    from attention_decode import Report
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--checkpoint", help="checkpoint dir (built once into the temp dir when absent)")
     ap.add_argument("--rows", default=",".join(ROWS))
@@ -132,11 +135,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="timed runs of each row per side (the median counts)")
     ap.add_argument("--only-ours", action="store_true", help="only atom-core's side, profiled; no table")
     ap.add_argument("--worker", metavar="CHECKPOINT", help=argparse.SUPPRESS)
+    report = Report("vllm_plugin_gpu", ap)
     args = ap.parse_args()
     rows = [r for r in args.rows.split(",") if r]
     if unknown := set(rows) - set(ROWS):
         raise SystemExit(f"unknown rows {sorted(unknown)}; choose from {ROWS}")
-    sys.path.insert(0, str(Path(__file__).parent))
     if args.worker:
         print(json.dumps(worker(args.worker, rows, args.profile, args.repeats)))
         return
@@ -173,11 +176,9 @@ def main() -> None:
     for row in rows:
         lines.append(f"{row:<10}{own[row]['tok_s']:>16,.0f}{ours[row]['tok_s']:>17,.0f}"
                      f"{ours[row]['tok_s'] / own[row]['tok_s']:>8.2f}")
-    text = "\n".join(lines)
-    print(text)
-    gpu = torch.cuda.get_device_name().replace(" ", "-")
-    out = Path(__file__).parent / "results" / f"vllm_plugin_gpu-{datetime.date.today()}-{gpu}.txt"
-    out.write_text(text + "\n")
+    for line in lines:
+        report.say(line)
+    report.save(args.out)
 
 
 if __name__ == "__main__":
