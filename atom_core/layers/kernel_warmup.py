@@ -34,7 +34,7 @@ _WARM: set[tuple] = set()  # the keys warm_up_attention / warm_up_moe have run i
 _DENSE_MOE_TOKENS = 512
 
 
-def _capturing(device: torch.device) -> bool:
+def capturing(device: torch.device) -> bool:
     """Inside a CUDA graph capture (nothing may launch there but the graph's own work)."""
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
@@ -88,7 +88,7 @@ def warm_up_attention(spec: AttentionSpec, caches: tuple[torch.Tensor, ...], dty
     caches: (k_cache, v_cache) views [num_blocks, block_size, kv_heads, head_dim] for full attention, (latent
     cache [num_blocks, block_size, r + rope],) for MLA; dtype: the model's activation dtype (the query's)."""
     device = caches[0].device
-    if dispatch.backend(spec.kernel_ops[1], device) != "triton" or _capturing(device):
+    if dispatch.backend(spec.kernel_ops[1], device) != "triton" or capturing(device):
         return 0
     # What a compiled variant depends on: the spec but its name, dtypes, cache strides, the bucket bounds.
     key = (dataclasses.replace(spec, prefix=""), dtype, device, max_model_len, max_query_len, k_scale is None,
@@ -117,7 +117,7 @@ def warm_up_moe(model: torch.nn.Module, dtype: torch.dtype, max_tokens: int) -> 
     runs = 0
     for layer in (m for m in model.modules() if isinstance(m, MoE)):
         w13, w2 = layer.experts.gate_up_proj, layer.experts.down_proj
-        if dispatch.backend("fused_moe", w13.device) != "triton" or _capturing(w13.device):
+        if dispatch.backend("fused_moe", w13.device) != "triton" or capturing(w13.device):
             return 0
         key = ("moe", tuple(w13.shape), tuple(w2.shape), layer.gate.config, dtype, w13.device, max_tokens)
         if key in _WARM:

@@ -15,7 +15,7 @@ from vllm.v1.kv_cache_layout import KVCacheLayout
 
 from atom_core.forward_context import AttentionMetadata
 from atom_core.layers.attention import AttentionSpec, attention_forward
-from atom_core.layers.kernel_warmup import warm_up_attention
+from atom_core.layers.kernel_warmup import capturing, warm_up_attention
 from atom_kernels import dispatch
 
 BACKEND_NAME = "ATOM"
@@ -53,7 +53,7 @@ def warm_up_once(impl, caches: tuple[torch.Tensor, ...], dtype: torch.dtype, k_s
     capture: vLLM binds caches after building the model, then runs its warm-up batches and the piecewise
     captures eagerly between graph pieces, so this happens at start-up. impl.warm_bounds: (max_model_len,
     max_num_batched_tokens), set by the layer (None: no warm-up)."""
-    if impl.warm_bounds is None or (caches[0].is_cuda and torch.cuda.is_current_stream_capturing()):
+    if impl.warm_bounds is None or capturing(caches[0].device):
         return
     max_model_len, max_query_len = impl.warm_bounds
     impl.warm_bounds = None
