@@ -8,8 +8,8 @@ Backends, in order of preference:
               op's signature plus the hints and the per-step `plan_cache`, and runs the torch reference itself
               (saying so once) for inputs its kernels do not cover. Nothing registers one outside its host: the
               defaults below stay.
-  - "triton": CUDA and ROCm GPUs, when triton is importable and the op has a Triton kernel (`linear` has
-              none: its reference, F.linear, is the vendor GEMM there),
+  - "triton": CUDA and ROCm GPUs, when triton is importable and the op has a Triton kernel (`linear`'s is a GEMV
+              for decode-sized inputs that hands larger ones to its reference, F.linear: the vendor GEMM),
   - "torch":  the pure-torch reference (CPU, and the test oracle everywhere).
 `ATOM_KERNEL_BACKEND=torch|triton|host` forces one backend for every op that has it (on its device).
 
@@ -59,6 +59,7 @@ _TRITON = {
     "write_latent_cache": "mla_cache:write_latent_cache",
     "mla_attention": "mla:mla_attention",
     "mla_kv_indices": "mla_kv_indices:mla_kv_indices",
+    "linear": "linear:linear",
 }
 for _op, _target in _TRITON.items():
     _IMPLS[_op]["triton"] = f"atom_kernels.triton.{_target}"
