@@ -16,6 +16,8 @@ overlap it runs while the device computes, so a step costs max(host, device) ins
 EOS ignored (the common offline workload); output tokens/s over the whole run, and the decode
 roofline of the same work (ATOM_FUSED_QK_NORM_ROPE=0 in the environment: the unfused ops);
 with overlap scheduling on and then off in the same run (--overlap on|off: one of them only).
+--kv-cache-dtype fp8: the engine's KV cache in fp8 e4m3 (scale 1.0: half the KV bytes each decode step reads);
+the roofline then counts those bytes.
 
 --shape qwen3-30b-a3b-4l: a Qwen3-30B-A3B-shaped MoE checkpoint cut to 4 layers (hidden 2048, 128 experts,
 top-8, expert intermediate 768; ~2.5 B parameters) instead; its roofline counts the expected number of distinct
@@ -23,7 +25,8 @@ experts a decode step touches (E * (1 - (1 - k/E)^batch) per MoE layer), not all
 
 --profile: only a profile of the default engine (gpu_profile.py: GPU kernels by kind, top kernels, wall vs GPU).
 
-    python benchmarks/native_gpu.py [--throughput | --profile] [--overlap both|on|off] [--checkpoint DIR] [--shape NAME]
+    python benchmarks/native_gpu.py [--throughput | --profile] [--overlap both|on|off] [--kv-cache-dtype auto|fp8]
+                                    [--checkpoint DIR] [--shape NAME]
 """
 
 from __future__ import annotations
@@ -283,7 +286,7 @@ def latency(path: str, configs) -> None:
           "host ms: a step's wall time minus its waits for the device)")
 
 
-def throughput(path: str, overlaps: tuple[bool, ...]) -> None:
+def throughput(path: str, overlaps: tuple[bool, ...], kv_cache_dtype: str) -> None:
     from atom_frontends.native import SamplingParams
 
     rng = random.Random(0)
@@ -294,19 +297,20 @@ def throughput(path: str, overlaps: tuple[bool, ...]) -> None:
     bw = copy_bandwidth()
     rates = {}
     for overlap in overlaps:
-        rates[overlap] = throughput_run(path, overlap, prompts, params, lens, bw)
+        rates[overlap] = throughput_run(path, overlap, prompts, params, lens, bw, kv_cache_dtype)
         free_gpu()
     if len(rates) == 2:
         print(f"\noverlap scheduling: output tok/s {rates[True]:.0f} on vs {rates[False]:.0f} off: "
               f"x{rates[True] / rates[False]:.2f}")
 
 
-def throughput_run(path: str, overlap: bool, prompts, params, lens, bw: float) -> float:
+def throughput_run(path: str, overlap: bool, prompts, params, lens, bw: float, kv_cache_dtype: str) -> float:
     """One timed run of the offline workload; prints its lines, returns output tokens/s."""
     from atom_frontends.native import SamplingParams
 
     fused = os.environ.get("ATOM_FUSED_QK_NORM_ROPE", "1") != "0"
-    llm = native_engine(path, fused, overlap, max_num_seqs=256, max_num_batched_tokens=8192)
+    llm = native_engine(path, fused, overlap, max_num_seqs=256, max_num_batched_tokens=8192,
+                        kv_cache_dtype=kv_cache_dtype)
     # Warm-up: the same prompts reversed (no prefix-cache hits later), 2 tokens each, so the eager steps mixing
     # prefills with decodes JIT-compile their Triton variants here rather than in the timed run.
     warm = [p[::-1] for p in prompts]
@@ -324,7 +328,8 @@ def throughput_run(path: str, overlap: bool, prompts, params, lens, bw: float) -
     roof_s = (kv_reads * runner.bytes_per_block() / llm.engine.config.block_size
               + len(timer.events) * weight_bytes) / bw
     print(f"\noverlap scheduling {'on' if overlap else 'off'}: 256 requests, {n_in} prompt + {n_out} output tokens "
-          f"in {t:.2f} s; preemptions {llm.engine.scheduler.num_preemptions}; fused qk-norm-rope {fused}")
+          f"in {t:.2f} s; preemptions {llm.engine.scheduler.num_preemptions}; fused qk-norm-rope {fused}; "
+          f"KV cache {runner.kv_dtype}")
     print(f"decode graphs: {len(timer.events)} replays, {graph_s:.2f} s on the GPU ({graph_s / t:.0%} of the run); "
           f"the rest is eager prefill steps, logits + sampling and host work")
     print(f"decode graph GPU time per replay by padded batch size: {timer.by_size()}")
@@ -364,6 +369,7 @@ def main() -> None:
     ap.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-0.6b")
     ap.add_argument("--overlap", choices=["both", "on", "off"], default="both",
                     help="overlap scheduling of the native engine: both (a before/after in one run), on or off")
+    ap.add_argument("--kv-cache-dtype", choices=["auto", "fp8"], default="auto", help="--throughput's KV cache")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     path = checkpoint(args.checkpoint, args.shape)
@@ -373,7 +379,7 @@ def main() -> None:
     if args.profile:
         profile(path)
     elif args.throughput:
-        throughput(path, overlaps)
+        throughput(path, overlaps, args.kv_cache_dtype)
     else:
         latency(path, [c for c in CONFIGS if c[2] in overlaps])
 
