@@ -5,6 +5,8 @@ hook; forward_extend/forward_decode run the shared `attention_forward` (atom_ker
 SGLang's token pool, in place. It serves atom-core's layers and SGLang's own RadixAttention layers.
 With SGLang's MLA token pool (DeepSeek architectures) they run the shared `mla_forward` instead, on
 the pool's latent buffer [slots, 1, r + rope]: block size 1, the same logical layout as our latent cache.
+Built once the pool exists, the backend compiles our attention kernels' variants for every layer right away
+(kernel_warmup), so that no serving step pays a Triton compile.
 Imported only inside SGLang processes (it subclasses SGLang's AttentionBackend).
 """
 
@@ -14,12 +16,14 @@ import weakref
 
 import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
-from sglang.srt.layers.radix_attention import AttentionType
+from sglang.srt.layers.radix_attention import AttentionType, RadixAttention
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool
 
 from atom_core.forward_context import AttentionMetadata
 from atom_core.layers.attention import AttentionSpec, attention_forward, mla_forward
+from atom_core.layers.kernel_warmup import warm_up_attention
 from atom_core.plugins import metadata_builder
+from atom_frontends.sglang.config import extend_token_budget
 from atom_frontends.sglang.hooks import HOST
 
 NAME = "atom"
@@ -85,6 +89,7 @@ class AtomAttnBackend(AttentionBackend):
         self.build_metadata = metadata_builder(spec=None, host=HOST)
         self.forward_metadata: AttentionMetadata | None = None
         self._specs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._warm_up(model_runner)
 
     @staticmethod
     def _check_pool(pool) -> bool:
@@ -102,6 +107,19 @@ class AtomAttnBackend(AttentionBackend):
             raise NotImplementedError(f"KV cache dtype {pool.dtype} is not supported by atom-core's "
                                       "attention backend yet; use --kv-cache-dtype auto")
         return mla
+
+    def _warm_up(self, model_runner) -> None:
+        """Run kernel_warmup's attention warm-up for every attention layer of the model, on its own part of the
+        pool. Here because SGLang builds attention backends after the KV pool and before any graph capture or
+        forward (init_attention_backends, then init_cuda_graphs): the first forward is a user's request. Bounds
+        are SGLang's: its context length and the most tokens one extend step runs. No-op where the torch
+        reference runs (CPU); a layer shape warms once per process (TBO or pdmux setups build several backends)."""
+        context_len = model_runner.model_config.context_len
+        budget = extend_token_budget(model_runner.server_args, context_len)
+        dtype = model_runner.model_config.dtype  # the queries' dtype: the model's activations
+        for layer in model_runner.model.modules():
+            if isinstance(layer, RadixAttention):
+                warm_up_attention(self._spec(layer), self._caches(layer.layer_id), dtype, context_len, budget)
 
     # --- metadata -------------------------------------------------------------------------------
     def init_forward_metadata(self, forward_batch) -> None:
@@ -151,9 +169,12 @@ class AtomAttnBackend(AttentionBackend):
             spec = self._specs[layer] = spec_of(layer, self.mla)
         return spec
 
-    def _caches(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """SGLang's [slots, kv_heads, d] buffers as [slots, 1, kv_heads, d] views (block size 1)."""
+    def _caches(self, layer_id: int) -> tuple[torch.Tensor, ...]:
+        """The layer's part of the pool as the kernels' block-size-1 views, no copy: the MLA pool's latent buffer
+        [slots, 1, r + rope] as it is; the MHA pool's [slots, kv_heads, d] K and V as [slots, 1, kv_heads, d]."""
         pool = self.token_to_kv_pool
+        if self.mla:
+            return (pool.get_key_buffer(layer_id),)
         k, v = pool.get_key_buffer(layer_id), pool.get_value_buffer(layer_id)
         if k.dim() != 3:
             raise NotImplementedError(f"KV buffer of shape {tuple(k.shape)} is not the token-major "
@@ -176,7 +197,7 @@ class AtomAttnBackend(AttentionBackend):
         if self.mla:
             # v is k's first r features (SGLang's own models pass that view); the rows written are k's
             latent = k.reshape(t, spec.head_dim) if save_kv_cache and k is not None else None
-            cache = self.token_to_kv_pool.get_key_buffer(layer.layer_id)  # [slots, 1, r + rope]
+            (cache,) = self._caches(layer.layer_id)
             out = mla_forward(spec, q.reshape(t, spec.num_heads, spec.head_dim), latent, cache, md)
             return out.reshape(t, spec.num_heads * spec.kv_lora_rank)
         k_cache, v_cache = self._caches(layer.layer_id)

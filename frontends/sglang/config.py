@@ -62,6 +62,16 @@ def _max_model_len(c: SGLangModelConfig) -> int:
     return 2048
 
 
+def extend_token_budget(server_args: Any, context_len: int) -> int:
+    """The most tokens one SGLang prefill/extend step runs (sglang 0.5.23's PrefillAdder): with chunked prefill
+    on, chunked_prefill_size caps every step (decodes mixed in included); with it off, the first request of a
+    step goes whole (up to the context length) and later ones only within max_prefill_tokens."""
+    chunk = getattr(server_args, "chunked_prefill_size", None) or 0
+    if chunk > 0:
+        return chunk
+    return max(getattr(server_args, "max_prefill_tokens", None) or 0, context_len)
+
+
 def translate_config(c: SGLangModelConfig) -> AtomConfig:
     if c.quant_config is not None:
         raise ValueError(
@@ -70,21 +80,21 @@ def translate_config(c: SGLangModelConfig) -> AtomConfig:
             "SGLang uses its own model"
         )
     sa = c.server_args
+    max_model_len = _max_model_len(c)
     kv_dtype = getattr(sa, "kv_cache_dtype", None) or "auto"
     if kv_dtype not in KV_CACHE_DTYPES:
         raise ValueError(f"--kv-cache-dtype {kv_dtype} is not supported by atom-core's SGLang frontend; "
                          f"use one of: {', '.join(KV_CACHE_DTYPES)}")
     fields: dict[str, Any] = dict(
         hf_config=c.hf_config, model_path=getattr(sa, "model_path", None), dtype=c.dtype,
-        max_model_len=_max_model_len(c), block_size=SGLANG_BLOCK_SIZE, kv_cache_dtype=kv_dtype,
+        max_model_len=max_model_len, block_size=SGLANG_BLOCK_SIZE, kv_cache_dtype=kv_dtype,
         tensor_parallel_size=getattr(sa, "tp_size", None) or 1,
         pipeline_parallel_size=getattr(sa, "pp_size", None) or 1,
         enforce_eager=bool(getattr(sa, "disable_cuda_graph", False)),
+        max_num_batched_tokens=extend_token_budget(sa, max_model_len),
     )
     if getattr(sa, "max_running_requests", None):
         fields["max_num_seqs"] = sa.max_running_requests
-    if (getattr(sa, "chunked_prefill_size", None) or 0) > 0:
-        fields["max_num_batched_tokens"] = sa.chunked_prefill_size
     return AtomConfig(**fields)
 
 

@@ -16,7 +16,8 @@ import torch
 
 def make_runner(num_layers: int, kv_heads: int, head_dim: int, slots: int = 512, max_context: int = 128,
                 dtype=torch.float32, mla_rope_dim: int | None = None):
-    """What an attention backend takes from SGLang's ModelRunner: device and the two real pools. With
+    """What an attention backend takes from SGLang's ModelRunner: device, the two real pools, and what the
+    start-up warm-up reads (a model without attention layers here, the context length, the step budget). With
     mla_rope_dim, the KV pool is SGLang's MLA pool: rows of head_dim = kv_lora_rank + mla_rope_dim (kv_heads 1)."""
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool, ReqToTokenPool
 
@@ -28,7 +29,9 @@ def make_runner(num_layers: int, kv_heads: int, head_dim: int, slots: int = 512,
         kv = MLATokenToKVPool(size=slots, page_size=1, dtype=dtype, kv_lora_rank=head_dim - mla_rope_dim,
                               qk_rope_head_dim=mla_rope_dim, layer_num=num_layers, device="cpu",
                               enable_memory_saver=False)
-    return types.SimpleNamespace(device="cpu", req_to_token_pool=req, token_to_kv_pool=kv)
+    return types.SimpleNamespace(device="cpu", req_to_token_pool=req, token_to_kv_pool=kv, model=torch.nn.Module(),
+                                 model_config=types.SimpleNamespace(context_len=max_context, dtype=dtype),
+                                 server_args=types.SimpleNamespace(chunked_prefill_size=-1, max_prefill_tokens=64))
 
 
 @dataclass
