@@ -52,7 +52,7 @@ def _generate(args: argparse.Namespace) -> int:
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_tokens=args.max_tokens)
     llm = LLM(model, dtype=args.dtype, max_model_len=args.max_model_len, kv_cache_memory=args.kv_cache_memory,
-              enforce_eager=args.enforce_eager, seed=args.seed)
+              kv_cache_dtype=args.kv_cache_dtype, enforce_eager=args.enforce_eager, seed=args.seed)
     prompts = args.prompt or ["Hello, my name is", "The capital of France is"]
     for out in llm.generate(prompts, params):
         print(f"--- prompt: {out.prompt!r}")
@@ -84,6 +84,8 @@ def _add_engine_args(p: argparse.ArgumentParser, seed: int | None, seed_help: st
     p.add_argument("--kv-cache-memory", type=_bytes, default=None, metavar="SIZE",
                    help="KV cache size: bytes or e.g. 4GiB, 512MiB (default: 85%% of free GPU memory; on CPU "
                         "50%% of available memory, at most 4 GiB)")
+    p.add_argument("--kv-cache-dtype", default="auto",  # checked by AtomConfig (this module imports no torch)
+                   help="auto (the model's dtype) or fp8 / fp8_e4m3 (float8 e4m3, scale 1.0: half the KV bytes)")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
 
 

@@ -9,7 +9,6 @@ compiled kernel at model sizes on a GPU.
 from __future__ import annotations
 
 import pytest
-import torch
 
 pytest.importorskip("triton")
 

@@ -27,7 +27,8 @@ def run(args: argparse.Namespace) -> int:
 
     engine = LLMEngine(EngineArgs(model=args.model, dtype=args.dtype, max_model_len=args.max_model_len,
                                   max_num_seqs=args.max_num_seqs, kv_cache_memory=args.kv_cache_memory,
-                                  enforce_eager=args.enforce_eager, seed=args.seed))
+                                  kv_cache_dtype=args.kv_cache_dtype, enforce_eager=args.enforce_eager,
+                                  seed=args.seed))
     names = args.served_model_name or [args.model]
     app = build_app(AsyncLLMEngine(engine, max_queue=args.max_queue), names, args.model, args.shutdown_timeout)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,

@@ -73,7 +73,7 @@ def test_seed(tmp_path):
 
 
 @pytest.mark.slow
-def test_max_model_len_and_kv_cache_memory_flags(tmp_path):
+def test_max_model_len_kv_cache_memory_and_dtype_flags(tmp_path):
     r = _run(["generate", "--prompt", "Hi", "--max-tokens", "2", "--max-model-len", "64"], tmp_path)
     assert r.returncode == 0, r.stderr
     assert "max_model_len=64" in r.stderr  # the one KV cache line
@@ -86,6 +86,13 @@ def test_max_model_len_and_kv_cache_memory_flags(tmp_path):
     assert "max_model_len=512, lowered from the checkpoint's 2048 as the KV cache holds 512 tokens" in r.stderr
     r = _run(["generate", "--kv-cache-memory", "1MiB", "--max-model-len", "1024"], tmp_path)
     assert r.returncode == 2 and "fewer than max_model_len=1024" in r.stderr
+    # an fp8 cache: 1 byte per value instead of 4, so the same memory holds 4x the tokens
+    r = _run(["generate", "--prompt", "Hi", "--max-tokens", "2", "--kv-cache-memory", "256KiB", "--enforce-eager",
+              "--dtype", "float32", "--kv-cache-dtype", "fp8"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "max_model_len=512, lowered from the checkpoint's 2048 as the KV cache holds 512 tokens" in r.stderr
+    r = _run(["generate", "--kv-cache-dtype", "fp8_e5m2"], tmp_path)
+    assert r.returncode == 2 and "kv_cache_dtype='fp8_e5m2'; supported: auto, fp8, fp8_e4m3" in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("flag, value, words", [
