@@ -1,9 +1,11 @@
-"""CUDA graphs of the model forward for decode-only steps, over a ladder of batch sizes.
+"""CUDA graphs of whole decode-only steps, over a ladder of batch sizes.
 
 A step whose sequences all add exactly one token is padded to the next captured size G and
-replays the graph captured for G. The graph reads the InputBuilder's persistent device buffers
-(the layout of a G-row decode step) and the KV caches bound at capture time, so neither may be
-reallocated afterwards. Attention is captured with static hints (max_query_len 1, max_seq_len
+replays the graph captured for G: the runner's decode step (pending inputs resolved, the model
+forward, the logits of all G rows and their argmax), so a greedy step launches nothing else.
+The graph reads the InputBuilder's persistent device buffers (the layout of a G-row decode step),
+the runner's token buffers and the KV caches bound at capture time, so none may be reallocated
+afterwards. Attention is captured with static hints (max_query_len 1, max_seq_len
 max_model_len) so its grid is the same on every replay.
 """
 
@@ -11,14 +13,16 @@ from __future__ import annotations
 
 import bisect
 import logging
+from collections.abc import Callable
 
 import torch
 
 from atom_core.forward_context import set_forward_context
-from atom_frontends.native.inputs import InputBuilder
+from atom_frontends.native.inputs import InputBuilder, StepInputs
 from atom_kernels import dispatch
 
 log = logging.getLogger(__name__)
+Outputs = tuple[torch.Tensor, ...]
 
 
 def batch_size_ladder(max_size: int) -> list[int]:
@@ -41,23 +45,24 @@ def why_not_capturable(device: torch.device, enforce_eager: bool, syncing_ops: t
 
 
 class DecodeGraphs:
-    def __init__(self, model: torch.nn.Module, inputs: InputBuilder, sizes: list[int]) -> None:
+    def __init__(self, step_fn: Callable[[StepInputs], Outputs], inputs: InputBuilder, sizes: list[int]) -> None:
+        """step_fn(step) runs one decode step on the device (no host reads) and returns its output tensors."""
         self.sizes = sorted(sizes)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.hidden: dict[int, torch.Tensor] = {}  # size → the graph's output [size, hidden_size]
+        self.outputs: dict[int, Outputs] = {}  # size → what step_fn returned while captured
         pool = None
         with torch.inference_mode():
             for size in reversed(self.sizes):  # largest first: smaller graphs reuse its pool memory
                 step = inputs.build([], graph_size=size)  # all rows padding
                 with set_forward_context(step.metadata):
-                    model(step.input_ids, step.metadata.positions)  # warm-up: JIT/autotune outside capture
+                    step_fn(step)  # warm-up: JIT/autotune outside capture
                     torch.cuda.synchronize()
                     # A new step (the same metadata object): per-step memos the warm-up made must not be
                     # captured as if they were made by every replay.
                     step = inputs.build([], graph_size=size)
                     graph = torch.cuda.CUDAGraph()
                     with torch.cuda.graph(graph, pool=pool):
-                        self.hidden[size] = model(step.input_ids, step.metadata.positions)
+                        self.outputs[size] = step_fn(step)
                 pool = graph.pool()
                 self.graphs[size] = graph
         torch.cuda.synchronize()
@@ -68,7 +73,7 @@ class DecodeGraphs:
         i = bisect.bisect_left(self.sizes, num_seqs)
         return self.sizes[i] if i < len(self.sizes) else None
 
-    def replay(self, size: int) -> torch.Tensor:
-        """Run the graph for `size` on the inputs already in the buffers; returns [size, hidden_size]."""
+    def replay(self, size: int) -> Outputs:
+        """Run the graph for `size` on the inputs already in the buffers; returns its step_fn's outputs."""
         self.graphs[size].replay()
-        return self.hidden[size]
+        return self.outputs[size]

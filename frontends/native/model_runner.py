@@ -4,7 +4,10 @@ On GPU nothing in a step waits for the device: inputs reach the device through n
 logits rows are gathered with device indices, the sampler is vectorised, and execute() returns a
 StepOutput whose results() is the one read. With overlap scheduling a decode input may be a token the
 previous step sampled and the host has not read: the input builder writes -1 - j for row j of that
-step's sampled tokens, replaced here on the device before the forward.
+step's sampled tokens, which the runner keeps in a persistent device buffer (`tokens`) and substitutes
+on the device before the forward. A decode-only step on GPU is one graph replay: substitution, forward,
+logits and their argmax; when argmax is every row's answer (greedy, nothing else asked) the host launches
+nothing more than the graph and the copies in and out.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from atom_core.platform import Platform
 from atom_core.plugins import metadata_builder
 from atom_frontends.native.attention import NativeCacheLayer
 from atom_frontends.native.cuda_graphs import DecodeGraphs, batch_size_ladder, why_not_capturable
-from atom_frontends.native.sampler import StepOutput, sample, to_device, top_logprobs
+from atom_frontends.native.inputs import StepInputs
+from atom_frontends.native.sampler import Sampled, StepOutput, argmax_suffices, sample, to_device, top_logprobs
 from atom_frontends.native.scheduler import Scheduled
 
 FP8_KV = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn}
@@ -40,7 +44,11 @@ class ModelRunner:
         self.num_blocks = 0
         self.inputs = None  # built with the KV cache, once config.max_model_len is final
         self.graphs: DecodeGraphs | None = None
-        self.last_tokens: torch.Tensor | None = None  # [R] the latest step's sampled tokens, on the device
+        # [max_num_seqs] int64: row j = the token the latest step sampled for its j-th completing sequence (what an
+        # input -1 - j stands for); prev_tokens: a graph step's copy of them from before it overwrote them with its
+        # argmax (the penalties read it)
+        self.tokens = torch.zeros(config.max_num_seqs, dtype=torch.int64, device=self.device)
+        self.prev_tokens = torch.zeros_like(self.tokens)
 
     @property
     def kv_dtype(self) -> torch.dtype:
@@ -76,7 +84,17 @@ class ModelRunner:
             if self.device.type == "cuda":
                 log.warning("CUDA graphs off (%s): decode steps run eagerly", reason)
             return
-        self.graphs = DecodeGraphs(self.model, self.inputs, batch_size_ladder(self.config.max_num_seqs))
+        self.graphs = DecodeGraphs(self._decode_step, self.inputs, batch_size_ladder(self.config.max_num_seqs))
+
+    def _decode_step(self, step: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """A decode-only step as the graphs capture it, with no host reads: → hidden [G, D], logits [G, V]; the
+        argmax of every row into tokens[:G] (the previous tokens kept in prev_tokens)."""
+        self.prev_tokens.copy_(self.tokens)
+        self.resolve_pending(step.input_ids, self.prev_tokens)
+        hidden = self.model(step.input_ids, step.metadata.positions)
+        logits = self.model.compute_logits(hidden)
+        self.tokens[: len(logits)] = logits.argmax(dim=-1)
+        return hidden, logits
 
     def _graph_size(self, batch: list[Scheduled]) -> int | None:
         """Padded batch size of a decode-only step that a captured graph can run, else None."""
@@ -90,29 +108,41 @@ class ModelRunner:
         partial chunks, and the logprobs asked for) when read."""
         size = self._graph_size(batch)
         step = self.inputs.build(batch, graph_size=size)
-        if any(s.request.num_pending for s in batch):
-            self.resolve_pending(step.input_ids)
-        if size is None:
-            with set_forward_context(step.metadata):
-                hidden = self.model(step.input_ids, step.metadata.positions)
-        else:
-            hidden = self.graphs.replay(size)
         reqs = [s.request for s in batch]
-        prompt = self._prompt_logprobs(batch, hidden) if any(r.prompt_logprobs is not None for r in reqs) else {}
         rows = [i for i, s in enumerate(batch) if s.completes]
+        sampling = [reqs[i] for i in rows]
+        if size is None:
+            hidden, logits, last = self._eager_step(step, batch, rows)
+        else:
+            hidden, logits = self.graphs.replay(size)
+            # graph rows are batch rows; a one-token chunk that does not complete its prompt samples nothing
+            logits = logits[: len(batch)] if len(rows) == len(batch) else logits[step.logits_indices]
+            last = self.prev_tokens
+        prompt = self._prompt_logprobs(batch, hidden) if any(r.prompt_logprobs is not None for r in reqs) else {}
         sampled = None
-        if rows:
-            logits = self.model.compute_logits(hidden[step.logits_indices])
-            sampled = sample(logits, [reqs[i] for i in rows], self.generator, self.last_tokens)
-        out = StepOutput(reqs, rows, sampled, prompt)
-        self.last_tokens = out.tokens
-        return out
+        if rows and size is not None and len(rows) == len(batch) and argmax_suffices(sampling):
+            sampled = Sampled(self.tokens[: len(rows)])  # the graph's argmax
+        elif rows:
+            sampled = sample(logits, sampling, self.generator, last)
+            self.tokens[: len(rows)] = sampled.tokens
+        return StepOutput(reqs, rows, sampled, prompt)
 
-    def resolve_pending(self, input_ids: torch.Tensor) -> None:
-        """input_ids [T] on the device: each -1 - j becomes row j of the previous step's sampled tokens (in
+    def _eager_step(self, step: StepInputs, batch: list[Scheduled], rows: list[int]):
+        """A step the graphs do not cover → (hidden [T, D], logits of the completing rows or None, the tokens of
+        the step before)."""
+        if any(s.request.num_pending for s in batch):
+            self.resolve_pending(step.input_ids, self.tokens)
+        with set_forward_context(step.metadata):
+            hidden = self.model(step.input_ids, step.metadata.positions)
+        logits = self.model.compute_logits(hidden[step.logits_indices]) if rows else None
+        return hidden, logits, self.tokens
+
+    @staticmethod
+    def resolve_pending(input_ids: torch.Tensor, last: torch.Tensor) -> None:
+        """input_ids [T] on the device: each -1 - j becomes last[j], row j of the previous step's sampled tokens (in
         place, so a CUDA graph reads it), without the host reading them."""
         rows = (-1 - input_ids).clamp_(min=0)
-        input_ids.copy_(torch.where(input_ids < 0, self.last_tokens[rows], input_ids))
+        input_ids.copy_(torch.where(input_ids < 0, last[rows], input_ids))
 
     def _prompt_logprobs(self, batch: list[Scheduled], hidden: torch.Tensor) -> dict[int, torch.Tensor]:
         """For requests that ask for prompt logprobs: batch index → the top_logprobs table (on the device) of

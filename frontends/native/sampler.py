@@ -143,6 +143,13 @@ class Sampled:
     logprobs: torch.Tensor | None = None  # [3, L, k + 1] (top_logprobs) of the L rows asking, in row order
 
 
+def argmax_suffices(reqs: list[Request]) -> bool:
+    """True when the argmax of the raw logits is every request's token now: greedy, no penalties, no logprobs,
+    and no stop token masked for min_tokens (what sample() would do to them)."""
+    return all(r.params.greedy and not r.params.penalized and r.params.logprobs is None
+               and not (len(r.output_token_ids) + r.num_pending < r.params.min_tokens and r.stop_ids) for r in reqs)
+
+
 def sample(logits: torch.Tensor, reqs: list[Request], generator: torch.Generator | None,
            last: torch.Tensor | None = None) -> Sampled:
     """logits [N, V] (one row per request) → one token (and the logprobs asked for) per request, on the device.
@@ -163,16 +170,15 @@ def sample(logits: torch.Tensor, reqs: list[Request], generator: torch.Generator
 
 
 class StepOutput:
-    """A launched step's results on the device: the sampled tokens of its completing rows (`tokens`, which the
-    next step may read as inputs), their logprobs, prompt logprobs. Their copies to the host start at once
-    (non-blocking, into pinned memory on GPU); results() waits for those copies only, not for later steps."""
+    """A launched step's results on the device: the sampled tokens of its completing rows, their logprobs, prompt
+    logprobs. Their copies to the host start at once (non-blocking, into pinned memory on GPU); results() waits
+    for those copies only, not for later steps."""
 
     def __init__(self, reqs: list[Request], rows: list[int], sampled: Sampled | None,
                  prompt: dict[int, torch.Tensor]) -> None:
         """reqs: the batch's requests; rows: the batch indices that sampled (rows of sampled.tokens);
         prompt: batch index → its top_logprobs table of prompt logprobs."""
-        self.num_seqs, self.rows, self.prompt_keys = len(reqs), rows, list(prompt)
-        self.tokens = None if sampled is None else sampled.tokens
+        self.num_seqs, self.rows, self.prompt_keys, self.sampled = len(reqs), rows, list(prompt), sampled is not None
         self.logprob_sizes = [] if sampled is None else [(i, reqs[i].params.logprobs) for i in rows
                                                          if reqs[i].params.logprobs is not None]
         tensors = [] if sampled is None else [t for t in (sampled.tokens, sampled.logprobs) if t is not None]
@@ -189,7 +195,7 @@ class StepOutput:
             self._copied.synchronize()
         out = [SeqResult() for _ in range(self.num_seqs)]
         host = iter(self._host)
-        if self.tokens is not None:
+        if self.sampled:
             for i, t in zip(self.rows, next(host).tolist()):
                 out[i].token = t
             if self.logprob_sizes:
