@@ -77,6 +77,16 @@ def linear(x, weight, bias=None, packed=None):
     return dispatch.get("linear", x.device)(x, weight, bias, packed)
 
 
+def rms_norm_linear(x, residual, norm_weight, eps, weight, bias=None, packed=None):
+    """linear(rms_norm(x + residual)) and x + residual (residual None: x): one kernel where the device has one."""
+    return dispatch.get("rms_norm_linear", x.device)(x, residual, norm_weight, eps, weight, bias, packed)
+
+
+def silu_and_mul_linear(x, weight, bias=None, packed=None):
+    """[..., 2K] (gate | up) → linear(silu(gate) * up): one kernel where the device has one."""
+    return dispatch.get("silu_and_mul_linear", x.device)(x, weight, bias, packed)
+
+
 def rms_norm(x, weight, eps, residual=None):
     """RMSNorm over the last dim; with residual returns (normed(x + residual), x + residual)."""
     return dispatch.get("rms_norm", x.device)(x, weight, eps, residual)
@@ -116,5 +126,6 @@ def fused_moe(hidden, w13, w2, topk_weights, topk_ids):
 
 __all__ = [
     "dispatch", "write_kv_cache", "paged_attention", "fused_qk_norm_rope_write_kv", "rms_norm", "rotary",
-    "silu_and_mul", "fused_moe", "write_latent_cache", "mla_attention", "mla_kv_indices",
+    "silu_and_mul", "fused_moe", "write_latent_cache", "mla_attention", "mla_kv_indices", "linear", "pack_linear",
+    "rms_norm_linear", "silu_and_mul_linear",
 ]

@@ -33,10 +33,11 @@ import torch
 OPS = (
     "write_kv_cache", "paged_attention", "fused_qk_norm_rope_write_kv", "rms_norm", "rotary", "silu_and_mul",
     "fused_moe", "write_latent_cache", "mla_attention", "mla_kv_indices", "linear", "pack_linear",
+    "rms_norm_linear", "silu_and_mul_linear",
 )
 BACKENDS = ("host", "triton", "torch")
 # Pure tensor maths with no host sync and no data-dependent shape: traced as the reference under a compiler.
-COMPILER_FUSES = frozenset({"rms_norm", "rotary", "silu_and_mul"})
+COMPILER_FUSES = frozenset({"rms_norm", "rotary", "silu_and_mul", "rms_norm_linear", "silu_and_mul_linear"})
 # The _RESOLVED key of those traced calls: no device type is named so, and every device but CUDA runs the
 # torch reference (backend_for).
 _TRACED = "traced"
@@ -60,6 +61,8 @@ _TRITON = {
     "mla_attention": "mla:mla_attention",
     "mla_kv_indices": "mla_kv_indices:mla_kv_indices",
     "linear": "linear:linear",
+    "rms_norm_linear": "fused_linear:rms_norm_linear",
+    "silu_and_mul_linear": "fused_linear:silu_and_mul_linear",
 }
 for _op, _target in _TRITON.items():
     _IMPLS[_op]["triton"] = f"atom_kernels.triton.{_target}"

@@ -1,6 +1,6 @@
 """Building blocks of atom-core models."""
 
-from atom_core.layers.activation import SiluAndMul, get_act_and_mul
+from atom_core.layers.activation import check_gated_act
 from atom_core.layers.attention import Attention, AttentionSpec, attention_forward
 from atom_core.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from atom_core.layers.linear import (
@@ -16,5 +16,5 @@ from atom_core.layers.rotary import RotaryEmbedding, get_rope
 __all__ = [
     "Attention", "AttentionSpec", "attention_forward", "ColumnParallelLinear", "MergedColumnParallelLinear",
     "ParallelLMHead", "QKVParallelLinear", "ReplicatedLinear", "RMSNorm", "RotaryEmbedding",
-    "RowParallelLinear", "SiluAndMul", "VocabParallelEmbedding", "get_act_and_mul", "get_rope",
+    "RowParallelLinear", "VocabParallelEmbedding", "check_gated_act", "get_rope",
 ]

@@ -1,20 +1,10 @@
-"""Gated activation layer."""
+"""The gated MLP activation: SiLU-and-mul (atom_kernels.silu_and_mul, or fused into the down projection's GEMM:
+RowParallelLinear.forward_silu_and_mul)."""
 
 from __future__ import annotations
 
-import torch
-from torch import nn
 
-import atom_kernels
-
-
-class SiluAndMul(nn.Module):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """[..., 2d] → [..., d]"""
-        return atom_kernels.silu_and_mul(x)
-
-
-def get_act_and_mul(name: str) -> nn.Module:
-    if name in ("silu", "swish"):
-        return SiluAndMul()
-    raise ValueError(f"hidden_act={name!r} is not supported; supported: silu")
+def check_gated_act(name: str) -> None:
+    """Raise for a hidden_act the gated MLP does not implement."""
+    if name not in ("silu", "swish"):
+        raise ValueError(f"hidden_act={name!r} is not supported; supported: silu")

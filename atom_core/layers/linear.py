@@ -73,7 +73,16 @@ class ColumnParallelLinear(LinearBase):
         super().weight_loader(param, loaded)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = atom_kernels.linear(x, self.weight, self.bias, self.packed)
+        return self._gather(atom_kernels.linear(x, self.weight, self.bias, self.packed))
+
+    def forward_normed(self, x: torch.Tensor, residual: torch.Tensor | None, norm: nn.Module):
+        """(self(norm(x + residual)), x + residual), residual None: (self(norm(x)), x); norm: an RMSNorm, fused
+        into this layer's GEMM where the device has a kernel for that."""
+        y, residual = atom_kernels.rms_norm_linear(x, residual, norm.weight, norm.eps, self.weight, self.bias,
+                                                   self.packed)
+        return self._gather(y), residual
+
+    def _gather(self, y: torch.Tensor) -> torch.Tensor:
         return self.platform.all_gather(y, -1) if self.gather_output and self.tp_size > 1 else y
 
 
@@ -147,7 +156,14 @@ class RowParallelLinear(LinearBase):
         self.packed = atom_kernels.pack_linear(self.weight)  # the bias is added after the all-reduce
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = atom_kernels.linear(x, self.weight, None, self.packed)
+        return self._reduce(atom_kernels.linear(x, self.weight, None, self.packed))
+
+    def forward_silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """self(silu(gate) * up) for x [..., 2 * input_size] = gate | up, the activation fused into this layer's GEMM
+        where the device has a kernel for that."""
+        return self._reduce(atom_kernels.silu_and_mul_linear(x, self.weight, None, self.packed))
+
+    def _reduce(self, y: torch.Tensor) -> torch.Tensor:
         if self.tp_size > 1:
             y = self.platform.all_reduce(y)
         return y + self.bias if self.bias is not None else y

@@ -20,7 +20,7 @@ from atom_core.layers import (
     RotaryEmbedding,
     RowParallelLinear,
     VocabParallelEmbedding,
-    get_act_and_mul,
+    check_gated_act,
     get_rope,
 )
 from atom_core.layers.attention import FULL_ATTENTION_OPS
@@ -86,9 +86,20 @@ class LlamaAttention(nn.Module):
                               kv_cache_dtype=config.kv_cache_dtype, prefix=f"{prefix}.attn")
         self.fused_qk_norm_rope = qk_norm and config.ATOM_FUSED_QK_NORM_ROPE and _fused_write_supported(self.attn)
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        t = hidden.shape[0]
-        q, k, v = self.qkv_proj(hidden).split(self.qkv_proj.sizes, dim=-1)
+    fuses_input_norm = True  # see normed_sublayer
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None = None,
+                norm: nn.Module | None = None):
+        """hidden [T, hidden_size] → [T, hidden_size]; with the layer's input norm: hidden not normed yet, and
+        returns (out, hidden + residual) (see normed_sublayer)."""
+        if norm is None:
+            return self._attend(positions, self.qkv_proj(hidden))
+        qkv, residual = self.qkv_proj.forward_normed(hidden, residual, norm)
+        return self._attend(positions, qkv), residual
+
+    def _attend(self, positions: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
+        t = qkv.shape[0]
+        q, k, v = qkv.split(self.qkv_proj.sizes, dim=-1)
         q = q.reshape(t, self.num_heads, self.head_dim)
         k = k.reshape(t, self.num_kv_heads, self.head_dim)
         # (k_cache, v_cache, slot_mapping, k_scale, v_scale), or None: no cache bound yet / warm-up
@@ -108,18 +119,36 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    """Gated MLP; `intermediate_size` defaults to the config's (MoE models pass their shared experts' size)."""
+    """Gated MLP (SiLU); `intermediate_size` defaults to the config's (MoE models pass their shared experts' size)."""
+
+    fuses_input_norm = True  # see normed_sublayer
 
     def __init__(self, cfg, intermediate_size: int | None = None) -> None:
         super().__init__()
+        check_gated_act(cfg.hidden_act)
         bias = getattr(cfg, "mlp_bias", False)
         inter = intermediate_size or cfg.intermediate_size
         self.gate_up_proj = MergedColumnParallelLinear(cfg.hidden_size, [inter] * 2, bias)
-        self.act_fn = get_act_and_mul(cfg.hidden_act)
         self.down_proj = RowParallelLinear(inter, cfg.hidden_size, bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, norm: nn.Module | None = None):
+        """x [T, hidden_size] → [T, hidden_size]; with the layer's norm: x not normed yet, and returns
+        (out, x + residual) (see normed_sublayer)."""
+        if norm is None:
+            return self.down_proj.forward_silu_and_mul(self.gate_up_proj(x))
+        gate_up, residual = self.gate_up_proj.forward_normed(x, residual, norm)
+        return self.down_proj.forward_silu_and_mul(gate_up), residual
+
+
+def normed_sublayer(sublayer: nn.Module, norm: nn.Module, hidden: torch.Tensor, residual: torch.Tensor | None,
+                    *args) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sublayer(*args, norm(hidden + residual)), hidden + residual); residual None: norm(hidden) and hidden. A
+    sublayer with `fuses_input_norm` takes the norm with its unnormed input and runs it in its first projection's
+    GEMM (one kernel for a one-row decode on GPU); others get the normed input."""
+    if getattr(sublayer, "fuses_input_norm", False):
+        return sublayer(*args, hidden, residual, norm)
+    hidden, residual = (norm(hidden), hidden) if residual is None else norm(hidden, residual)
+    return sublayer(*args, hidden), residual
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -133,13 +162,8 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, positions, hidden, residual):
-        if residual is None:
-            residual, hidden = hidden, self.input_layernorm(hidden)
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden)
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
+        hidden, residual = normed_sublayer(self.self_attn, self.input_layernorm, hidden, residual, positions)
+        return normed_sublayer(self.mlp, self.post_attention_layernorm, hidden, residual)
 
 
 def dense_mlp(config: AtomConfig, layer_idx: int) -> nn.Module:

@@ -3,6 +3,7 @@
 from atom_kernels.reference.activation import silu_and_mul
 from atom_kernels.reference.attention import paged_attention
 from atom_kernels.reference.fused import fused_qk_norm_rope_write_kv
+from atom_kernels.reference.fused_linear import rms_norm_linear, silu_and_mul_linear
 from atom_kernels.reference.kv_cache import write_kv_cache
 from atom_kernels.reference.linear import linear, pack_linear
 from atom_kernels.reference.mla import mla_attention, mla_kv_indices, write_latent_cache
@@ -12,6 +13,6 @@ from atom_kernels.reference.rotary import rotary
 
 __all__ = [
     "fused_moe", "fused_qk_norm_rope_write_kv", "linear", "mla_attention", "mla_kv_indices", "pack_linear",
-    "paged_attention", "rms_norm",
-    "rotary", "silu_and_mul", "write_kv_cache", "write_latent_cache",
+    "paged_attention", "rms_norm", "rms_norm_linear",
+    "rotary", "silu_and_mul", "silu_and_mul_linear", "write_kv_cache", "write_latent_cache",
 ]

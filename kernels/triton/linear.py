@@ -10,6 +10,11 @@ H100 (benchmarks/linear_gemv.py, L2 flushed): a Qwen3-0.6B layer's four GEMMs 29
 113 us; the batch-1 decode graph 0.91 ms instead of 1.17. At 2-8 rows a tensor-core variant only matched cuBLAS
 (0.95-0.97 per layer), so those stay with it.
 
+The kernel can also run the op in front of the layer as its prologue (fused_linear.py): add + RMSNorm for qkv and
+gate_up, SiLU-and-mul for down. Each program then redoes that op over the whole input row (from L2), ~1.3 us more
+per GEMV, which the separate launch it replaces (~1.5 us in the decode graph) just pays for: the batch-1 graph
+0.98 ms instead of 1.02 (H100, 2026-11-24).
+
 More rows, a weight that is not K-contiguous, dtypes other than the float ones, or a compiler tracing the model
 (vLLM's inductor: it picks its own GEMMs) take F.linear, the vendor GEMM.
 """
@@ -22,26 +27,61 @@ import triton
 import triton.language as tl
 
 from atom_kernels.triton._utils import FLOAT_DTYPES, pow2
+from atom_kernels.triton.norm import rms_scale
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, sw, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
-    # grid (cdiv(N, BLOCK_N),): y[n0:n0+BLOCK_N] = w[n0:n0+BLOCK_N] @ x (+ b), x one row of K
+def _input_tile(x_ptr, r_ptr, nw_ptr, r_out_ptr, kk, mask, K, rstd, WRITE_RES,
+                PROLOGUE: tl.constexpr, HAS_RES: tl.constexpr):
+    """The GEMV's input x[kk] in float32, after its prologue, rounded as the separate ops round:
+    0 x itself; 1 RMSNorm(x + residual) (rstd given; the sum stored when WRITE_RES); 2 silu(gate) * up, x = [gate | up]
+    of 2K."""
+    dtype = x_ptr.dtype.element_ty
+    if PROLOGUE == 2:
+        g = tl.load(x_ptr + kk, mask=mask, other=0.0).to(tl.float32)
+        u = tl.load(x_ptr + K + kk, mask=mask, other=0.0).to(tl.float32)
+        s = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)  # as activation.silu_and_mul rounds
+        return (s * u).to(dtype).to(tl.float32)
+    x = tl.load(x_ptr + kk, mask=mask, other=0.0)
+    if PROLOGUE == 1:
+        if HAS_RES:
+            x = (x.to(tl.float32) + tl.load(r_ptr + kk, mask=mask, other=0.0).to(tl.float32)).to(dtype)
+            tl.store(r_out_ptr + kk, x, mask=mask & WRITE_RES)
+        x = rms_scale(x.to(tl.float32), tl.load(nw_ptr + kk, mask=mask, other=0.0), rstd, dtype, dtype)
+    return x.to(tl.float32)
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, r_out_ptr, eps, N, K, sw, HAS_BIAS: tl.constexpr,
+                 PROLOGUE: tl.constexpr, HAS_RES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 EVEN_K: tl.constexpr):
+    # grid (cdiv(N, BLOCK_N),): y[n0:n0+BLOCK_N] = w[n0:n0+BLOCK_N] @ prologue(x) (+ b), x one row of K
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.minimum(n, N - 1).to(tl.int64)  # the last block re-reads row N-1 instead of masking every load
     k = tl.arange(0, BLOCK_K)
+    rstd = 1.0
+    if PROLOGUE == 1:  # every program reads the whole row (from L2) for its mean square; program 0 stores x + r
+        ss = tl.zeros([BLOCK_K], tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            x = tl.load(x_ptr + k0 + k, mask=k < K - k0, other=0.0)
+            if HAS_RES:
+                r = tl.load(r_ptr + k0 + k, mask=k < K - k0, other=0.0)
+                x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
+            ss += x.to(tl.float32) * x.to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(ss, axis=0) / K + eps)
+    write_res = tl.program_id(0) == 0
     w_ptrs = w_ptr + rows[:, None] * sw + k[None, :]  # [BLOCK_N, BLOCK_K]
     acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)  # reduced over K once, after the loop
     for k0 in range(0, K, BLOCK_K):
         if EVEN_K:
             w = tl.load(w_ptrs, eviction_policy="evict_first")
-            x = tl.load(x_ptr + k0 + k)
+            x = _input_tile(x_ptr, r_ptr, nw_ptr, r_out_ptr, k0 + k, k < BLOCK_K, K, rstd, write_res, PROLOGUE,
+                            HAS_RES)
         else:
             k_mask = k < K - k0
             w = tl.load(w_ptrs, mask=k_mask[None, :], other=0.0, eviction_policy="evict_first")
-            x = tl.load(x_ptr + k0 + k, mask=k_mask, other=0.0)
-        acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+            x = _input_tile(x_ptr, r_ptr, nw_ptr, r_out_ptr, k0 + k, k_mask, K, rstd, write_res, PROLOGUE, HAS_RES)
+        acc += w.to(tl.float32) * x[None, :]
         w_ptrs += BLOCK_K
     y = tl.sum(acc, axis=1)
     if HAS_BIAS:
@@ -56,27 +96,36 @@ def gemv_config(n: int, k: int) -> tuple[int, int, int, int]:
     return 4, min(1024, pow2(k)), 4, 1
 
 
-def _use_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    return (x.dtype == weight.dtype and weight.dtype in FLOAT_DTYPES and weight.dim() == 2 and weight.stride(1) == 1
+def use_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """One row of x, a float dtype shared with a K-contiguous 2-D weight, a contiguous bias, and no compiler
+    tracing the call."""
+    return (not torch.compiler.is_compiling() and x.dtype == weight.dtype and weight.dtype in FLOAT_DTYPES
+            and weight.dim() == 2 and weight.stride(1) == 1
             and (bias is None or bias.is_contiguous()) and x.shape[-1] == weight.shape[1] > 0
             and x.numel() == x.shape[-1])
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, packed=None) -> torch.Tensor:
     """The reference's contract (atom_kernels.reference.linear); `packed` is unused (pack_linear makes nothing)."""
-    if torch.compiler.is_compiling() or not _use_gemv(x, weight, bias):
+    if not use_gemv(x, weight, bias):
         return F.linear(x, weight, bias)
     return gemv(x.reshape(-1).contiguous(), weight, bias).view(*x.shape[:-1], weight.shape[0])
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-         cfg: tuple[int, int, int, int] | None = None) -> torch.Tensor:
-    """x [K] (contiguous), weight [N, K] (stride(1) == 1), bias [N] or None → [N]; cfg: gemv_config's answer by
-    default (benchmarks/linear_gemv.py --sweep passes others)."""
+         cfg: tuple[int, int, int, int] | None = None, prologue: int = 0, residual: torch.Tensor | None = None,
+         norm_weight: torch.Tensor | None = None, eps: float = 0.0,
+         residual_out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [K] (contiguous; prologue 2: [2K]), weight [N, K] (stride(1) == 1), bias [N] or None → [N]; cfg:
+    gemv_config's answer by default (benchmarks/linear_gemv.py --sweep passes others). prologue (see _input_tile):
+    1 = RMSNorm with norm_weight [K], eps and optional residual [K] (x + residual into residual_out [K]); 2 = SiLU
+    and mul. All contiguous, x's dtype."""
     n, k = weight.shape
     y = torch.empty(n, dtype=x.dtype, device=x.device)
     block_n, block_k, warps, stages = cfg or gemv_config(n, k)
     _gemv_kernel[(triton.cdiv(n, block_n),)](
-        x, weight, bias if bias is not None else weight, y, n, k, weight.stride(0), HAS_BIAS=bias is not None,
+        x, weight, bias if bias is not None else weight, y, x if residual is None else residual,
+        x if norm_weight is None else norm_weight, x if residual_out is None else residual_out, float(eps), n, k,
+        weight.stride(0), HAS_BIAS=bias is not None, PROLOGUE=prologue, HAS_RES=residual is not None,
         BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=k % block_k == 0, num_warps=warps, num_stages=stages)
     return y

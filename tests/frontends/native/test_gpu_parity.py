@@ -99,6 +99,21 @@ def test_fp32_unfused_qk_norm_rope_matches_hf(checkpoint_factory, monkeypatch, e
 
 
 @pytest.mark.parametrize("enforce_eager", [False, True], ids=["graphs", "eager"])
+def test_fp32_batch_1_fused_norm_and_silu_match_hf(checkpoint_factory, monkeypatch, enforce_eager):
+    """One sequence at a time: the decode layers' add + RMSNorm and SiLU-and-mul run as prologues of the one-row
+    GEMV (seen launched: at capture with graphs); tokens == transformers."""
+    import atom_kernels.triton.fused_linear as fused
+
+    prologues, gemv = [], fused.gemv
+    monkeypatch.setattr(fused, "gemv", lambda *a, **k: prologues.append(k["prologue"]) or gemv(*a, **k))
+    path = checkpoint_factory("Qwen3ForCausalLM", **HD128)
+    prompts = random_prompts([17, 40, 5], seed=21)
+    llm = native(path, "float32", enforce_eager, max_num_seqs=1)
+    assert greedy(llm, prompts, 24) == hf_greedy(path, prompts, 24)
+    assert set(prologues) == {1, 2}
+
+
+@pytest.mark.parametrize("enforce_eager", [False, True], ids=["graphs", "eager"])
 def test_fp32_mla_metadata_rebuilt_each_step_matches_hf(checkpoint_factory, monkeypatch, enforce_eager):
     """ATOM_USE_PERSISTENT_MLA_DECODE_METADATA=0: the MLA kernels make the decode metadata themselves (inside the
     captured graphs with graphs on)."""
