@@ -50,3 +50,18 @@ def checkpoint_factory(tmp_path_factory):
         return cache[key]
 
     return make
+
+
+@pytest.fixture
+def no_host_kernels():
+    """The dispatcher as in a process where no host registered kernels (a native engine on CPU registers its GEMM,
+    atom_frontends.native.cpu_linear); put back afterwards."""
+    from atom_kernels import dispatch
+
+    saved = {op: (dispatch._IMPLS[op]["host"], dispatch._HOST_DEVICE[op]) for op in dispatch.OPS
+             if "host" in dispatch._IMPLS[op]}
+    for op in saved:
+        dispatch.register(op, "host", None)
+    yield
+    for op, (target, device_type) in saved.items():
+        dispatch.register(op, "host", target, device_type=device_type)

@@ -14,44 +14,49 @@ T = TypeVar("T")
 
 @dataclass
 class _Gather:
-    """Which cache rows one group of queries reads, and what it may not see."""
+    """One group of sequences with the same number of new tokens n: which rows they read, what they may not see."""
 
-    rows: slice | torch.Tensor  # the query rows (a slice for a prefill, [B] indices for the decodes)
-    blocks: torch.Tensor  # [..., seq] int64 block ids of the keys to read
-    offsets: torch.Tensor  # [..., seq] int64 offsets inside those blocks
-    seen: torch.Tensor  # broadcastable to [..., heads, q_len, seq]: True where a key may be seen
+    rows: slice | torch.Tensor  # their B * n query rows, sequence after sequence (a slice when adjacent)
+    num_seqs: int  # B
+    slots: torch.Tensor  # [B, seq] int64 rows of the keys to read in the cache's slot_rows view
+    # [B, 1, n, seq] float32: 0 where a key may be seen, -inf elsewhere. What SDPA makes of a boolean mask on
+    # every call, made here once per step.
+    mask: torch.Tensor
 
 
-def plan(block_tables, seq_lens, query_start_loc, block_size: int, sliding_window: int | None) -> list[_Gather]:
-    """The batch's gathers: all single-token queries in one batched group (the hot path of decoding),
-    each longer query (prefill or chunk) in its own. Depends only on the step's metadata, so every
-    layer of one step can share it (see `plan_cache`)."""
+def plan(block_tables, seq_lens, query_start_loc, block_size: int, pitch: int,
+         sliding_window: int | None) -> list[_Gather]:
+    """The batch's gathers: one per query length, so every sequence with that many new tokens attends in one
+    batched SDPA (a step's decodes, equal prompts); `pitch` as slot_rows gives it. Depends only on the step's
+    metadata, so every layer of one step can share it (see `plan_cache`)."""
     qsl = query_start_loc.tolist()
     lens = seq_lens.tolist()
-    q_lens = [qsl[i + 1] - qsl[i] for i in range(len(lens))]
+    groups: dict[int, list[int]] = {}  # new tokens → the sequences with that many
+    for i in range(len(lens)):
+        if qsl[i + 1] > qsl[i]:
+            groups.setdefault(qsl[i + 1] - qsl[i], []).append(i)
     tables = block_tables.long()
-    dev = block_tables.device
-    decodes = [i for i, n in enumerate(q_lens) if n == 1]
-    batched = len(decodes) > 1
-    gathers = []
-    if batched:
-        max_len = max(lens[i] for i in decodes)
-        k_pos = torch.arange(max_len, device=dev).view(1, -1)  # [1, max_len]
-        q_pos = torch.tensor([lens[i] - 1 for i in decodes], device=dev).view(-1, 1)  # [B, 1]
-        # Positions past a sequence's end read its position 0 instead of whatever the cache holds there
-        # (maybe NaN, which a mask would not cancel); the mask hides them either way.
-        pos = k_pos.masked_fill(k_pos > q_pos, 0)  # [B, max_len]
-        seen = _seen(q_pos.view(-1, 1, 1, 1), k_pos.view(1, 1, 1, -1), sliding_window)  # [B, 1, 1, max_len]
-        rows = torch.tensor([qsl[i] for i in decodes], device=dev)
-        gathers.append(_Gather(rows, tables[decodes].gather(1, pos // block_size), pos % block_size, seen))
-    for i, seq_len in enumerate(lens):
-        if q_lens[i] == 0 or (batched and q_lens[i] == 1):
-            continue
-        pos = torch.arange(seq_len, device=dev)
-        q_pos = torch.arange(seq_len - q_lens[i], seq_len, device=dev).unsqueeze(1)
-        seen = _seen(q_pos, pos.unsqueeze(0), sliding_window)  # [q_len, seq]
-        gathers.append(_Gather(slice(qsl[i], qsl[i + 1]), tables[i, pos // block_size], pos % block_size, seen))
-    return gathers
+    return [_group(tables, seqs, n, qsl, lens, block_size, pitch, sliding_window) for n, seqs in groups.items()]
+
+
+def _group(tables: torch.Tensor, seqs: list[int], n: int, qsl: list[int], lens: list[int], block_size: int,
+           pitch: int, sliding_window: int | None) -> _Gather:
+    """The gather of sequences `seqs`, n new tokens each: keys up to the longest context among them."""
+    dev = tables.device
+    k_pos = torch.arange(max(lens[i] for i in seqs), device=dev)  # [L]
+    ends = torch.tensor([lens[i] for i in seqs], device=dev).view(-1, 1)  # [B, 1]
+    q_pos = ends - n + torch.arange(n, device=dev)  # [B, n]
+    # Positions past a sequence's end read its position 0 instead of whatever the cache holds there
+    # (maybe NaN, which a mask would not cancel); the mask hides them either way.
+    pos = k_pos.masked_fill(k_pos >= ends, 0)  # [B, L]
+    slots = tables[seqs].gather(1, pos // block_size) * pitch + pos % block_size
+    mask = _mask(q_pos.view(-1, 1, n, 1), k_pos, sliding_window)  # [B, 1, n, L]
+    starts = [qsl[i] for i in seqs]
+    if starts[-1] - starts[0] == (len(seqs) - 1) * n:  # adjacent (a decode-only step, a batch of prompts)
+        rows = slice(starts[0], starts[0] + len(seqs) * n)
+    else:
+        rows = (torch.tensor(starts, device=dev).view(-1, 1) + torch.arange(n, device=dev)).flatten()
+    return _Gather(rows, len(seqs), slots, mask)
 
 
 def step_memo(plan_cache: dict | None, key, make: Callable[[], T]) -> T:
@@ -66,10 +71,27 @@ def step_memo(plan_cache: dict | None, key, make: Callable[[], T]) -> T:
 
 
 def cached_plan(plan_cache: dict | None, op: str, block_tables, seq_lens, query_start_loc, block_size: int,
-                sliding_window: int | None) -> list[_Gather]:
+                pitch: int, sliding_window: int | None) -> list[_Gather]:
     """plan(...), made once per step and op."""
-    return step_memo(plan_cache, (op, block_size, sliding_window),
-                     lambda: plan(block_tables, seq_lens, query_start_loc, block_size, sliding_window))
+    return step_memo(plan_cache, (op, block_size, pitch, sliding_window),
+                     lambda: plan(block_tables, seq_lens, query_start_loc, block_size, pitch, sliding_window))
+
+
+def slot_rows(cache: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """cache [num_blocks, block_size, ...] (any strides: ours, vLLM's, SGLang's) → (rows [N, ...], pitch): a view
+    in which (block, offset) is row block * pitch + offset, so one index_select gathers a step's keys (indexing
+    with a block and an offset tensor costs 3x as much). Rows between blocks' ends (other heads' data in vLLM's
+    head-major pages) are never read."""
+    num_blocks, block_size, *inner = cache.shape
+    block_stride, row_stride, *inner_strides = cache.stride()
+    if block_size == 1:  # one row per block: its stride does not matter
+        row_stride = block_stride
+    if block_stride % row_stride:
+        raise ValueError(f"a KV cache whose block stride {block_stride} is not a multiple of its row stride "
+                         f"{row_stride}: its rows are not evenly spaced")
+    pitch = block_stride // row_stride
+    n = (num_blocks - 1) * pitch + block_size
+    return cache.as_strided((n, *inner), (row_stride, *inner_strides)), pitch
 
 
 def paged_attention(
@@ -98,33 +120,39 @@ def paged_attention(
     """
     if out is None:
         out = torch.empty_like(query)
+    (k_rows, pitch), (v_rows, v_pitch) = slot_rows(k_cache), slot_rows(v_cache)
+    if v_pitch != pitch:
+        raise ValueError(f"K and V caches of different layouts (block pitch {pitch} vs {v_pitch} rows)")
     gathers = cached_plan(plan_cache, "reference.paged_attention", block_tables, seq_lens, query_start_loc,
-                          k_cache.shape[1], sliding_window)
+                          k_cache.shape[1], pitch, sliding_window)
     for g in gathers:
-        # Two index tensors gather [..., seq, kv_heads, d] without copying a strided (vLLM/SGLang) cache.
-        k = _dequant(k_cache[g.blocks, g.offsets], k_scale)
-        v = _dequant(v_cache[g.blocks, g.offsets], v_scale)
-        q = query[g.rows]
-        batched = isinstance(g.rows, torch.Tensor)  # decodes: [B, heads, d] → one query row each
-        o = _attend(q.unsqueeze(1) if batched else q, k, v, g.seen, scale)
-        out[g.rows] = (o.squeeze(1) if batched else o).to(out.dtype)
+        k = _dequant(_gather(k_rows, g.slots), k_scale)  # [B, seq, kv_heads, d]
+        v = _dequant(_gather(v_rows, g.slots), v_scale)
+        q = query[g.rows].view(g.num_seqs, -1, *query.shape[1:])  # [B, n, heads, d]
+        out[g.rows] = _attend(q, k, v, g.mask, scale).flatten(0, 1).to(out.dtype)
     return out
+
+
+def _gather(rows: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """rows [N, ...] (slot_rows), slots [B, seq] → [B, seq, ...]"""
+    return rows.index_select(0, slots.flatten()).view(*slots.shape, *rows.shape[1:])
 
 
 def _dequant(x: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
     return x.float() if scale is None else x.float() * scale.float()
 
 
-def _seen(q_pos: torch.Tensor, k_pos: torch.Tensor, sliding_window: int | None) -> torch.Tensor:
-    """True where a key may be seen: not in the future, and not slid out of the window."""
-    seen = k_pos <= q_pos
+def _mask(q_pos: torch.Tensor, k_pos: torch.Tensor, sliding_window: int | None) -> torch.Tensor:
+    """Additive float32 mask: -inf for keys in the future or slid out of the window, 0 for the others."""
+    hidden = k_pos > q_pos
     if sliding_window is not None and sliding_window > 0:
-        seen &= k_pos > q_pos - sliding_window
-    return seen
+        hidden |= k_pos <= q_pos - sliding_window
+    return torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device).masked_fill_(hidden, float("-inf"))
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seen: torch.Tensor, scale: float) -> torch.Tensor:
-    """q [..., q_len, heads, d]; k, v [..., seq, kv_heads, d]; seen broadcastable to [..., heads, q_len, seq].
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """q [..., q_len, heads, d]; k, v [..., seq, kv_heads, d]; mask (additive) broadcastable to
+    [..., heads, q_len, seq].
 
     torch SDPA in float32 with GQA grouping (no repeated K/V copies).
     """
@@ -132,7 +160,7 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seen: torch.Tenso
         q.float().transpose(-3, -2),  # [..., heads, q_len, d]
         k.transpose(-3, -2),  # [..., kv_heads, seq, d]
         v.transpose(-3, -2),
-        attn_mask=seen,
+        attn_mask=mask,
         scale=scale,
         enable_gqa=q.shape[-2] != k.shape[-2],
     )

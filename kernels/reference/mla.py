@@ -14,7 +14,7 @@ from typing import NamedTuple
 import torch
 
 from atom_kernels import dispatch
-from atom_kernels.reference.attention import _attend, _dequant, cached_plan, step_memo
+from atom_kernels.reference.attention import _attend, _dequant, _gather, cached_plan, slot_rows, step_memo
 
 # AttentionMetadata.scratch keys: the step's MLA decode metadata (made once a step, shared by every MLA layer),
 # and the persistent buffers a host may lend for it (refilled in place each step instead of allocated).
@@ -74,14 +74,13 @@ def mla_attention(
                          f"kv_lora_rank {kv_lora_rank}: both rows must be kv_lora_rank + qk_rope_head_dim wide")
     if out is None:
         out = query.new_empty(t, heads, kv_lora_rank)
+    cache_rows, pitch = slot_rows(cache)
     gathers = cached_plan(plan_cache, "reference.mla_attention", block_tables, seq_lens, query_start_loc,
-                          cache.shape[1], None)
+                          cache.shape[1], pitch, None)
     for g in gathers:
-        rows = _dequant(cache[g.blocks, g.offsets], cache_scale).unsqueeze(-2)  # [..., seq, 1, r + rope]
-        q = query[g.rows]
-        batched = isinstance(g.rows, torch.Tensor)  # decodes: [B, heads, D] → one query row each
-        o = _attend(q.unsqueeze(1) if batched else q, rows, rows[..., :kv_lora_rank], g.seen, scale)
-        out[g.rows] = (o.squeeze(1) if batched else o).to(out.dtype)
+        rows = _dequant(_gather(cache_rows, g.slots), cache_scale).unsqueeze(-2)  # [B, seq, 1, r + rope]
+        q = query[g.rows].view(g.num_seqs, -1, heads, width)  # [B, n, heads, r + rope]
+        out[g.rows] = _attend(q, rows, rows[..., :kv_lora_rank], g.mask, scale).flatten(0, 1).to(out.dtype)
     return out
 
 

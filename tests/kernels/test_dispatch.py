@@ -9,7 +9,7 @@ import atom_kernels
 from atom_kernels import dispatch, reference
 
 
-def test_cpu_uses_the_reference_for_every_op():
+def test_cpu_uses_the_reference_for_every_op(no_host_kernels):
     assert dispatch.describe("cpu") == {op: "torch" for op in dispatch.OPS}
     assert dispatch.get("rms_norm", torch.device("cpu")) is reference.rms_norm
 
@@ -70,7 +70,7 @@ def test_compiler_traces_fusable_ops_as_their_reference():
         dispatch.reset()
 
 
-def test_host_kernels_serve_only_the_device_they_name(monkeypatch):
+def test_host_kernels_serve_only_the_device_they_name(monkeypatch, no_host_kernels):
     # A host frontend (e.g. vLLM on CPU) brings its own kernels: first choice on that device type only, the
     # reference again once removed, and ATOM_KERNEL_BACKEND=torch still forces the reference.
     cpu = torch.device("cpu")
