@@ -112,12 +112,12 @@ class ModelRunner:
         rows = [i for i, s in enumerate(batch) if s.completes]
         sampling = [reqs[i] for i in rows]
         if size is None:
-            hidden, logits, last = self._eager_step(step, batch, rows)
+            hidden, logits = self._eager_step(step, batch, rows)
         else:
             hidden, logits = self.graphs.replay(size)
             # graph rows are batch rows; a one-token chunk that does not complete its prompt samples nothing
             logits = logits[: len(batch)] if len(rows) == len(batch) else logits[step.logits_indices]
-            last = self.prev_tokens
+        last = self.tokens if size is None else self.prev_tokens  # the step before's (a graph overwrote tokens)
         prompt = self._prompt_logprobs(batch, hidden) if any(r.prompt_logprobs is not None for r in reqs) else {}
         sampled = None
         if rows and size is not None and len(rows) == len(batch) and argmax_suffices(sampling):
@@ -128,14 +128,13 @@ class ModelRunner:
         return StepOutput(reqs, rows, sampled, prompt)
 
     def _eager_step(self, step: StepInputs, batch: list[Scheduled], rows: list[int]):
-        """A step the graphs do not cover → (hidden [T, D], logits of the completing rows or None, the tokens of
-        the step before)."""
+        """A step the graphs do not cover → (hidden [T, D], logits of the completing rows or None)."""
         if any(s.request.num_pending for s in batch):
             self.resolve_pending(step.input_ids, self.tokens)
         with set_forward_context(step.metadata):
             hidden = self.model(step.input_ids, step.metadata.positions)
         logits = self.model.compute_logits(hidden[step.logits_indices]) if rows else None
-        return hidden, logits, self.tokens
+        return hidden, logits
 
     @staticmethod
     def resolve_pending(input_ids: torch.Tensor, last: torch.Tensor) -> None:

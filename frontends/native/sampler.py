@@ -33,11 +33,16 @@ def to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.T
     return t.to(device, non_blocking=True)
 
 
+def _below_min_tokens(req: Request) -> bool:
+    """Fewer than min_tokens outputs (the one still on the device counted): its EOS/stop tokens cannot be chosen."""
+    return len(req.output_token_ids) + req.num_pending < req.params.min_tokens
+
+
 def _mask_stop_tokens(logits: torch.Tensor, reqs: list[Request]) -> None:
     """Until a request has min_tokens outputs, its EOS/stop tokens cannot be chosen."""
     rows, cols = [], []
     for row, req in enumerate(reqs):
-        if len(req.output_token_ids) + req.num_pending < req.params.min_tokens:
+        if _below_min_tokens(req):
             ids = [t for t in req.stop_ids if t < logits.shape[1]]
             rows += [row] * len(ids)
             cols += ids
@@ -147,7 +152,7 @@ def argmax_suffices(reqs: list[Request]) -> bool:
     """True when the argmax of the raw logits is every request's token now: greedy, no penalties, no logprobs,
     and no stop token masked for min_tokens (what sample() would do to them)."""
     return all(r.params.greedy and not r.params.penalized and r.params.logprobs is None
-               and not (len(r.output_token_ids) + r.num_pending < r.params.min_tokens and r.stop_ids) for r in reqs)
+               and not (_below_min_tokens(r) and r.stop_ids) for r in reqs)
 
 
 def sample(logits: torch.Tensor, reqs: list[Request], generator: torch.Generator | None,

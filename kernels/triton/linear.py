@@ -31,6 +31,12 @@ from atom_kernels.triton.norm import rms_scale
 
 
 @triton.jit
+def _add_residual(x, r_ptr, kk, mask):
+    """x + residual[kk], rounded to x's dtype as the reference adds."""
+    return (x.to(tl.float32) + tl.load(r_ptr + kk, mask=mask, other=0.0).to(tl.float32)).to(x.dtype)
+
+
+@triton.jit
 def _input_tile(x_ptr, r_ptr, nw_ptr, r_out_ptr, kk, mask, K, rstd, WRITE_RES,
                 PROLOGUE: tl.constexpr, HAS_RES: tl.constexpr):
     """The GEMV's input x[kk] in float32, after its prologue, rounded as the separate ops round:
@@ -45,7 +51,7 @@ def _input_tile(x_ptr, r_ptr, nw_ptr, r_out_ptr, kk, mask, K, rstd, WRITE_RES,
     x = tl.load(x_ptr + kk, mask=mask, other=0.0)
     if PROLOGUE == 1:
         if HAS_RES:
-            x = (x.to(tl.float32) + tl.load(r_ptr + kk, mask=mask, other=0.0).to(tl.float32)).to(dtype)
+            x = _add_residual(x, r_ptr, kk, mask)
             tl.store(r_out_ptr + kk, x, mask=mask & WRITE_RES)
         x = rms_scale(x.to(tl.float32), tl.load(nw_ptr + kk, mask=mask, other=0.0), rstd, dtype, dtype)
     return x.to(tl.float32)
@@ -65,8 +71,7 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, r_out_ptr, eps, N, K
         for k0 in range(0, K, BLOCK_K):
             x = tl.load(x_ptr + k0 + k, mask=k < K - k0, other=0.0)
             if HAS_RES:
-                r = tl.load(r_ptr + k0 + k, mask=k < K - k0, other=0.0)
-                x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
+                x = _add_residual(x, r_ptr, k0 + k, k < K - k0)
             ss += x.to(tl.float32) * x.to(tl.float32)
         rstd = tl.rsqrt(tl.sum(ss, axis=0) / K + eps)
     write_res = tl.program_id(0) == 0

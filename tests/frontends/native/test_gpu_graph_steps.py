@@ -18,7 +18,7 @@ from atom_frontends.native import SamplingParams
 from atom_frontends.native import model_runner as model_runner_module
 from tests.frontends.native.hf_oracle import random_prompts
 from tests.frontends.native.test_gpu_parity import hf_greedy, hf_model, native
-from tests.frontends.native.test_overlap import assert_all_free
+from tests.frontends.native.test_overlap import assert_all_free, penalties_and_min_tokens
 
 pytestmark = pytest.mark.gpu
 MODES = pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "no-overlap"])
@@ -30,31 +30,17 @@ def ieee_fp32():
     torch.backends.cuda.matmul.allow_tf32 = False
 
 
-@torch.inference_mode()
-def _hf_generate(path, prompt: list[int], **kwargs) -> list[int]:
-    model = hf_model(path, torch.float32)
-    ids = torch.tensor([prompt], device="cuda")
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, pad_token_id=0, **kwargs)
-    return out[0, len(prompt):].tolist()
-
-
 def _penalties_and_min_tokens(path, overlap: bool) -> tuple[list[list[int]], list[list[int]]]:
-    """(ours with graphs, transformers') for HF's repetition penalty < 1 and > 1 and for min_tokens."""
-    prompts = random_prompts([10, 16, 23], seed=75)
-    penalties = (0.4, 1.5)
-    pen = [_hf_generate(path, p, max_new_tokens=NEW, repetition_penalty=r) for p, r in zip(prompts, penalties)]
-    plain = hf_greedy(path, prompts, NEW)
-    assert pen != plain[:2]  # the penalty changes the tokens
-    stop = plain[2][1]
-    held = _hf_generate(path, prompts[2], max_new_tokens=NEW, min_new_tokens=6, eos_token_id=[2, stop])
-    assert held[1] != stop  # held off
-    llm = native(path, "float32", False, overlap_scheduling=overlap)
-    params = [SamplingParams(temperature=0.0, max_tokens=NEW, repetition_penalty=r) for r in penalties]
-    params.append(SamplingParams(temperature=0.0, max_tokens=NEW, min_tokens=6, stop_token_ids=[stop]))
-    outs = llm.generate(prompts, params, use_tqdm=False)
-    assert llm.engine.runner.graphs.replays > 0
-    assert_all_free(llm)
-    return [o.outputs[0].token_ids for o in outs], pen + [held]
+    """test_overlap's comparison (HF's repetition penalty < 1 and > 1, min_tokens) on the GPU, with graphs."""
+    engines = []
+
+    def make(p):
+        engines.append(native(p, "float32", False, overlap_scheduling=overlap))
+        return engines[-1]
+
+    out = penalties_and_min_tokens(path, make, "cuda")
+    assert engines[0].engine.runner.graphs.replays > 0
+    return out
 
 
 @MODES

@@ -7,6 +7,8 @@ at the end, and breaking the one-step-late bookkeeping on purpose fails the comp
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
@@ -147,25 +149,26 @@ def test_eos_under_preemption_and_prefix_caching(checkpoint_factory, overlap):
 
 
 @torch.inference_mode()
-def _hf_generate(path, prompt: list[int], **kwargs) -> list[int]:
-    model = hf_model(path)
-    ids = torch.tensor([prompt])
+def hf_generate(path, prompt: list[int], device: str = "cpu", **kwargs) -> list[int]:
+    model = hf_model(path, torch.float32, device)
+    ids = torch.tensor([prompt], device=device)
     out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, pad_token_id=0, **kwargs)
     return out[0, len(prompt):].tolist()
 
 
-def penalties_and_min_tokens(checkpoint_factory, overlap: bool) -> tuple[list[list[int]], list[list[int]]]:
-    """(ours, transformers') for greedy with HF's repetition penalty, and for min_tokens holding off a stop
-    token that comes early: both read every output token, the one still on the device included."""
-    path = checkpoint_factory("LlamaForCausalLM")
+def penalties_and_min_tokens(path, make_llm: Callable[[str], LLM],
+                             device: str = "cpu") -> tuple[list[list[int]], list[list[int]]]:
+    """(ours from make_llm(path), transformers' on `device`) for greedy with HF's repetition penalty, and for
+    min_tokens holding off a stop token that comes early: both read every output token, the one still on the
+    device included."""
     prompts = random_prompts([10, 16], seed=75)
-    pen = [_hf_generate(path, p, max_new_tokens=NEW, repetition_penalty=r) for p, r in zip(prompts, PENALTIES)]
-    plain = hf_greedy(path, prompts, NEW)
+    pen = [hf_generate(path, p, device, max_new_tokens=NEW, repetition_penalty=r) for p, r in zip(prompts, PENALTIES)]
+    plain = hf_greedy(path, prompts, NEW, torch.float32, device)
     assert pen != plain  # the penalty changes the tokens
     stop = plain[1][1]
-    held = _hf_generate(path, prompts[1], max_new_tokens=NEW, min_new_tokens=6, eos_token_id=[2, stop])
+    held = hf_generate(path, prompts[1], device, max_new_tokens=NEW, min_new_tokens=6, eos_token_id=[2, stop])
     assert held[1] != stop  # held off
-    llm = LLM(path, block_size=4, num_kv_blocks=256, overlap_scheduling=overlap)
+    llm = make_llm(path)
     assert llm.engine.eos_token_ids == {2}
     outs = llm.generate(prompts + [prompts[1]],
                         [SamplingParams(temperature=0.0, max_tokens=NEW, repetition_penalty=r) for r in PENALTIES]
@@ -175,9 +178,14 @@ def penalties_and_min_tokens(checkpoint_factory, overlap: bool) -> tuple[list[li
     return [o.outputs[0].token_ids for o in outs], pen + [held]
 
 
+def cpu_penalties_and_min_tokens(checkpoint_factory, overlap: bool) -> tuple[list[list[int]], list[list[int]]]:
+    return penalties_and_min_tokens(checkpoint_factory("LlamaForCausalLM"),
+                                    lambda path: LLM(path, block_size=4, num_kv_blocks=256, overlap_scheduling=overlap))
+
+
 @MODES
 def test_repetition_penalty_and_min_tokens_match_transformers(checkpoint_factory, overlap):
-    ours, want = penalties_and_min_tokens(checkpoint_factory, overlap)
+    ours, want = cpu_penalties_and_min_tokens(checkpoint_factory, overlap)
     assert ours == want
 
 
@@ -298,7 +306,7 @@ def test_canary_penalties_missing_the_token_on_the_device_are_caught(checkpoint_
                 r.num_pending = k
 
     monkeypatch.setattr(sampler_module, "apply_penalties", lagging)
-    ours, want = penalties_and_min_tokens(checkpoint_factory, overlap=True)
+    ours, want = cpu_penalties_and_min_tokens(checkpoint_factory, overlap=True)
     assert ours[:2] != want[:2]
 
 
