@@ -3,6 +3,7 @@ the same staged buffers, run eagerly), so the choice of graph sampling, the stag
 and the sample_tokens op (its torch reference here) run as on a GPU. test_gpu_graph_sampling.py: real CUDA graphs.
 - a temperature-1 batch decodes in graph steps with no host sampling, and its tokens follow softmax(logits / t)
   (transformers' logits); the canary doubles the temperature inside the op and expects the check to fail;
+- greedy rows beside temperature rows in the same graph steps keep transformers' greedy tokens;
 - the same engine seed reproduces the tokens, another seed does not;
 - what the graph cannot do (top-p, a per-request seed, penalties, logprobs, min_tokens) is sampled by the host.
 """
@@ -24,6 +25,7 @@ from tests.frontends.native.graph_sampling import (
     distribution_stats,
     host_sampling_steps,
 )
+from tests.frontends.native.hf_oracle import hf_greedy
 
 
 def engine(path, seed=0, overlap=False) -> LLM:
@@ -55,6 +57,16 @@ def test_canary_wrong_temperature_in_the_graph_is_caught(path):
         outs = decode(engine(path), 1.0)
     chi2, threshold, z = distribution_stats(path, outs, 1.0, "cpu")
     assert z < -2 * Z_LIMIT, (chi2, threshold, z)  # too hot: the drawn tokens far less likely than they should be
+
+
+def test_greedy_rows_beside_temperature_rows_keep_hf_greedy_tokens(path, monkeypatch):
+    """Per-row temperatures in one graph step: a row staged at the wrong place would draw where it should not."""
+    host = host_sampling_steps(monkeypatch)
+    prompts = PROMPTS[:16]
+    params = [SamplingParams(temperature=0.0 if i % 2 else 1.0, max_tokens=12) for i in range(16)]
+    outs = [o.outputs[0].token_ids for o in engine(path).generate(prompts, params, use_tqdm=False)]
+    assert not any(host)
+    assert outs[1::2] == hf_greedy(path, prompts[1::2], 12)
 
 
 def test_engine_seed_reproduces_graph_draws(path):
