@@ -24,7 +24,8 @@ the roofline then counts those bytes.
 top-8, expert intermediate 768; ~2.5 B parameters) instead; its roofline counts the expected number of distinct
 experts a decode step touches (E * (1 - (1 - k/E)^batch) per MoE layer), not all of them.
 
---profile: only a profile of the default engine (gpu_profile.py: GPU kernels by kind, top kernels, wall vs GPU).
+--profile: only a profile of the default engine (gpu_profile.py: GPU kernels by kind, top kernels, wall vs GPU);
+with --throughput, of the offline workload.
 
     python benchmarks/native_gpu.py [--throughput | --profile] [--overlap both|on|off] [--kv-cache-dtype auto|fp8]
                                     [--checkpoint DIR] [--shape NAME]
@@ -291,7 +292,8 @@ def latency(path: str, configs) -> None:
           "host ms: a step's wall time minus its waits for the device)")
 
 
-def throughput(path: str, overlaps: tuple[bool, ...], kv_cache_dtype: str) -> None:
+def offline_workload():
+    """The 256 requests: (prompts, sampling params, (prompt, output) lengths)."""
     from atom_frontends.native import SamplingParams
 
     rng = random.Random(0)
@@ -299,6 +301,11 @@ def throughput(path: str, overlaps: tuple[bool, ...], kv_cache_dtype: str) -> No
     vocab = QWEN3_06B["vocab_size"]
     prompts = [[rng.randrange(3, vocab) for _ in range(p)] for p, _ in lens]
     params = [SamplingParams(temperature=1.0, top_p=1.0, max_tokens=o, ignore_eos=True) for _, o in lens]
+    return prompts, params, lens
+
+
+def throughput(path: str, overlaps: tuple[bool, ...], kv_cache_dtype: str) -> None:
+    prompts, params, lens = offline_workload()
     bw = copy_bandwidth()
     rates = {}
     for overlap in overlaps:
@@ -311,15 +318,9 @@ def throughput(path: str, overlaps: tuple[bool, ...], kv_cache_dtype: str) -> No
 
 def throughput_run(path: str, overlap: bool, prompts, params, lens, bw: float, kv_cache_dtype: str) -> float:
     """One timed run of the offline workload; prints its lines, returns output tokens/s."""
-    from atom_frontends.native import SamplingParams
 
     fused = os.environ.get("ATOM_FUSED_QK_NORM_ROPE", "1") != "0"
-    llm = native_engine(path, fused, overlap, max_num_seqs=256, max_num_batched_tokens=8192,
-                        kv_cache_dtype=kv_cache_dtype)
-    # Warm-up: the same prompts reversed (no prefix-cache hits later), 2 tokens each, so the eager steps mixing
-    # prefills with decodes JIT-compile their Triton variants here rather than in the timed run.
-    warm = [p[::-1] for p in prompts]
-    llm.generate(warm, SamplingParams(temperature=1.0, max_tokens=2, ignore_eos=True), use_tqdm=False)
+    llm = offline_engine(path, fused, overlap, kv_cache_dtype, prompts)
     timer = GraphTimer(llm)
     with JitWatch() as jit, HostTimer(llm) as host:
         outs, t = timed(lambda: llm.generate(prompts, params, use_tqdm=False))
@@ -347,6 +348,30 @@ def throughput_run(path: str, overlap: bool, prompts, params, lens, bw: float, k
     print(f"{'decode roofline tok/s':<22} {n_out / roof_s:>10.0f}   (copy bandwidth {bw / 1e12:.2f} TB/s; "
           f"native reaches {roof_s / t:.0%})")
     return n_out / t
+
+
+def offline_engine(path: str, fused: bool, overlap: bool, kv_cache_dtype: str, prompts):
+    """The engine of the offline workload, warmed up: the same prompts reversed (no prefix-cache hits later), 2
+    tokens each, so the eager steps mixing prefills with decodes JIT-compile their Triton variants here rather
+    than in the timed run."""
+    from atom_frontends.native import SamplingParams
+
+    llm = native_engine(path, fused, overlap, max_num_seqs=256, max_num_batched_tokens=8192,
+                        kv_cache_dtype=kv_cache_dtype)
+    warm = [p[::-1] for p in prompts]
+    llm.generate(warm, SamplingParams(temperature=1.0, max_tokens=2, ignore_eos=True), use_tqdm=False)
+    return llm
+
+
+def throughput_profile(path: str, kv_cache_dtype: str) -> None:
+    """The offline workload once under the profiler (overlap on): GPU kernels by kind, the top kernels and host
+    ops; wall minus GPU kernel time is when the GPU idled."""
+    from gpu_profile import profile_call
+
+    prompts, params, _ = offline_workload()
+    llm = offline_engine(path, True, True, kv_cache_dtype, prompts)
+    print(profile_call(partial(llm.generate, prompts, params, use_tqdm=False),
+                       f"offline workload (KV {kv_cache_dtype})", top=25, host_top=20))
 
 
 def profile(path: str) -> None:
@@ -381,7 +406,9 @@ def main() -> None:
     print(f"{datetime.date.today()} {torch.cuda.get_device_name()} torch {torch.__version__}; "
           f"{args.shape}-shaped random checkpoint, bf16")
     overlaps = {"both": (True, False), "on": (True,), "off": (False,)}[args.overlap]
-    if args.profile:
+    if args.profile and args.throughput:
+        throughput_profile(path, args.kv_cache_dtype)
+    elif args.profile:
         profile(path)
     elif args.throughput:
         throughput(path, overlaps, args.kv_cache_dtype)
