@@ -87,6 +87,12 @@ def silu_and_mul_linear(x, weight, bias=None, packed=None):
     return dispatch.get("silu_and_mul_linear", x.device)(x, weight, bias, packed)
 
 
+def sample_tokens(logits, temperature, seeds):
+    """One token per row of logits [N, V]: argmax where temperature [N] float32 is 0, else a draw from
+    softmax(logits / t) by Gumbel-max with Philox noise keyed by seeds [N] int64 → [N] int64. No host sync."""
+    return dispatch.get("sample_tokens", logits.device)(logits, temperature, seeds)
+
+
 def rms_norm(x, weight, eps, residual=None):
     """RMSNorm over the last dim; with residual returns (normed(x + residual), x + residual)."""
     return dispatch.get("rms_norm", x.device)(x, weight, eps, residual)
@@ -127,5 +133,5 @@ def fused_moe(hidden, w13, w2, topk_weights, topk_ids):
 __all__ = [
     "dispatch", "write_kv_cache", "paged_attention", "fused_qk_norm_rope_write_kv", "rms_norm", "rotary",
     "silu_and_mul", "fused_moe", "write_latent_cache", "mla_attention", "mla_kv_indices", "linear", "pack_linear",
-    "rms_norm_linear", "silu_and_mul_linear",
+    "rms_norm_linear", "silu_and_mul_linear", "sample_tokens",
 ]

@@ -33,7 +33,7 @@ import torch
 OPS = (
     "write_kv_cache", "paged_attention", "fused_qk_norm_rope_write_kv", "rms_norm", "rotary", "silu_and_mul",
     "fused_moe", "write_latent_cache", "mla_attention", "mla_kv_indices", "linear", "pack_linear",
-    "rms_norm_linear", "silu_and_mul_linear",
+    "rms_norm_linear", "silu_and_mul_linear", "sample_tokens",
 )
 BACKENDS = ("host", "triton", "torch")
 # Pure tensor maths with no host sync and no data-dependent shape: traced as the reference under a compiler.
@@ -63,6 +63,7 @@ _TRITON = {
     "linear": "linear:linear",
     "rms_norm_linear": "fused_linear:rms_norm_linear",
     "silu_and_mul_linear": "fused_linear:silu_and_mul_linear",
+    "sample_tokens": "sampling:sample_tokens",
 }
 for _op, _target in _TRITON.items():
     _IMPLS[_op]["triton"] = f"atom_kernels.triton.{_target}"

@@ -59,9 +59,19 @@ def experts_zeros(hidden, *args) -> torch.Tensor:
     return torch.zeros_like(hidden)
 
 
+def sample_too_hot(logits, temperature, seeds) -> torch.Tensor:
+    """sample_tokens at twice each row's temperature (greedy rows stay greedy)."""
+    if logits.is_cuda:
+        from atom_kernels.triton.sampling import sample_tokens
+    else:
+        from atom_kernels.reference import sample_tokens
+    return sample_tokens(logits, temperature * 2, seeds)
+
+
 # break name → [(op, replacement)]: the plain path and the fused Qwen3 prologue broken alike. BREAKS hold the
 # ops every full-attention model runs (test_canary.py breaks each under every scenario); MOE_BREAKS those only
-# MoE models run, MLA_BREAKS those only MLA (DeepSeek) models run.
+# MoE models run, MLA_BREAKS those only MLA (DeepSeek) models run; SAMPLING_BREAKS change only what rows at a
+# temperature > 0 draw (greedy parity cannot see them: test_graph_sampling.py's distribution checks do).
 BREAKS = {
     "attention": [("paged_attention", attention_zeros)],
     "kv_write": [("write_kv_cache", kv_write_nothing), ("fused_qk_norm_rope_write_kv", fused_write_nothing)],
@@ -70,7 +80,8 @@ BREAKS = {
 MOE_BREAKS = {"fused_moe": [("fused_moe", experts_zeros)]}
 MLA_BREAKS = {"mla_attention": [("mla_attention", mla_attention_zeros)],
               "latent_write": [("write_latent_cache", latent_write_nothing)]}
-ALL_BREAKS = {**BREAKS, **MOE_BREAKS, **MLA_BREAKS}
+SAMPLING_BREAKS = {"sample_temperature": [("sample_tokens", sample_too_hot)]}
+ALL_BREAKS = {**BREAKS, **MOE_BREAKS, **MLA_BREAKS, **SAMPLING_BREAKS}
 
 
 @contextlib.contextmanager

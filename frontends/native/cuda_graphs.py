@@ -2,8 +2,10 @@
 
 A step whose sequences all add exactly one token is padded to the next captured size G and
 replays the graph captured for G: the runner's decode step (pending inputs resolved, the model
-forward, the logits of all G rows and their argmax), so a greedy step launches nothing else.
-The graph reads the InputBuilder's persistent device buffers (the layout of a G-row decode step),
+forward, the logits of all G rows and their sample_tokens: argmax, or a draw at the row's temperature), so
+a step whose rows ask nothing more launches nothing else.
+The graph reads the InputBuilder's persistent device buffers (the layout of a G-row decode step, with
+each row's temperature and Philox key),
 the runner's token buffers and the KV caches bound at capture time, so none may be reallocated
 afterwards. Attention is captured with static hints (max_query_len 1, max_seq_len
 max_model_len) so its grid is the same on every replay.

@@ -6,8 +6,10 @@ two persistent device buffers with two non-blocking copies. Per step the buffers
   int64: [input_ids (T) | positions (T) | slot_mapping (T) | logits_indices (R)]
   int32: [seq_lens (S) | query_start_loc (S+1) | block_tables (S*W)]
 For a CUDA-graph step of padded size G: T = S = G and W = the full table width, so the graph
-captured for size G reads the same addresses on every replay. On CPU host and device buffers
-are the same tensors.
+captured for size G reads the same addresses on every replay; the graph's sampling inputs follow
+  int64: [... | logits_indices (R <= G, room for G) | seeds (G)]  (Philox keys of sample_tokens)
+  int32: [... | block_tables (G*W) | temperature (G, float32 bits)]  (0: argmax; padding rows 0)
+On CPU host and device buffers are the same tensors.
 
 MLA models (a config with kv_lora_rank) also get the MLA decode metadata (kv_indptr, kv_indices: see
 atom_kernels.reference.mla) once per step, on the device, into the metadata's scratch where the MLA kernels
@@ -37,6 +39,8 @@ class StepInputs:
     input_ids: torch.Tensor  # [T] int64
     metadata: AttentionMetadata
     logits_indices: torch.Tensor  # [R] int64: token row of each completing sequence's last token
+    temperature: torch.Tensor | None = None  # graph steps: [G] float32, each row's sample_tokens temperature
+    seeds: torch.Tensor | None = None  # graph steps: [G] int64, each row's Philox key
 
 
 def _tokens(r: Request, start: int, n: int) -> list[int]:
@@ -76,7 +80,7 @@ class InputBuilder:
         self.width = _round16(-(-config.max_model_len // config.block_size))  # >= blocks of the longest sequence
         seqs = config.max_num_seqs
         tokens = max(config.max_num_batched_tokens, seqs)
-        sizes = {torch.int64: 3 * tokens + seqs, torch.int32: 2 * seqs + 1 + seqs * self.width}
+        sizes = {torch.int64: 3 * tokens + 2 * seqs, torch.int32: 3 * seqs + 1 + seqs * self.width}
         pin = device.type == "cuda"
         self.host = {dt: torch.zeros(n, dtype=dt, pin_memory=pin) for dt, n in sizes.items()}
         self.dev = {dt: torch.zeros(n, dtype=dt, device=device) for dt, n in sizes.items()} if pin else self.host
@@ -88,8 +92,11 @@ class InputBuilder:
         self.mla_buffers = (mla_decode_buffers(seqs, self.width, device)
                             if uses_mla and config.ATOM_USE_PERSISTENT_MLA_DECODE_METADATA else None)
 
-    def build(self, batch: list[Scheduled], graph_size: int | None = None) -> StepInputs:
-        """Inputs of one step; with graph_size, padded to that many one-token sequences."""
+    def build(self, batch: list[Scheduled], graph_size: int | None = None, temperatures: list[float] | None = None,
+              seeds: np.ndarray | None = None) -> StepInputs:
+        """Inputs of one step; with graph_size, padded to that many one-token sequences, whose graph samples row i
+        at temperatures[i] with Philox key seeds[i] (temperatures None: all 0, the argmax; seeds None: left as they
+        are, for rows at temperature 0 do not read them)."""
         if self.copied is not None:
             self.copied.synchronize()
         n = len(batch)
@@ -113,16 +120,27 @@ class InputBuilder:
         rows = [i for i, s in enumerate(batch) if s.completes]
         qsl = self.np32[s_ : 2 * s_ + 1]
         self.np64[3 * t_ : 3 * t_ + len(rows)] = qsl[np.array(rows, dtype=np.int64) + 1] - 1
-        self._copy(3 * t_ + len(rows), 2 * s_ + 1 + s_ * w)
         if graph_size:
+            self._fill_sampling(graph_size, temperatures, seeds)
+            self._copy(5 * t_, 3 * s_ + 1 + s_ * w)
             step = self._graph_views(graph_size, len(rows))
         else:
+            self._copy(3 * t_ + len(rows), 2 * s_ + 1 + s_ * w)
             decodes = q_lens.count(1)
             hints = (max(q_lens), int(self.np32[:n].max()), decodes, n - decodes)
             step = self.views(s_, t_, w, len(rows), hints)
         if self.mla_buffers is not None:
             self._refill_mla(step.metadata)
         return step
+
+    def _fill_sampling(self, size: int, temperatures: list[float] | None, seeds: np.ndarray | None) -> None:
+        """A graph step's temperatures (padding rows and temperatures None: 0) and seeds into their slots."""
+        temp = self.np32[2 * size + 1 + size * self.width : 3 * size + 1 + size * self.width].view(np.float32)
+        temp[:] = 0
+        if temperatures is not None:
+            temp[: len(temperatures)] = temperatures
+        if seeds is not None:
+            self.np64[4 * size : 5 * size] = seeds
 
     def _refill_mla(self, md: AttentionMetadata) -> None:
         """The step's MLA decode metadata in the persistent buffers (device work queued behind the copies, no
@@ -162,7 +180,11 @@ class InputBuilder:
         """A graph step's views: the same tensors on every replay, so built once per (size, rows)."""
         key = (size, n_logits)
         if key not in self._graph_cache:
-            self._graph_cache[key] = self.views(size, size, self.width, n_logits, (1, self.max_model_len, size, 0))
+            views = self.views(size, size, self.width, n_logits, (1, self.max_model_len, size, 0))
+            temp_at = 2 * size + 1 + size * self.width
+            views.temperature = self.dev[torch.int32][temp_at : temp_at + size].view(torch.float32)
+            views.seeds = self.dev[torch.int64][4 * size : 5 * size]
+            self._graph_cache[key] = views
         views = self._graph_cache[key]
         views.metadata.scratch.clear()  # the same metadata object serves every step of this size
         return views

@@ -6,8 +6,11 @@ StepOutput whose results() is the one read. With overlap scheduling a decode inp
 previous step sampled and the host has not read: the input builder writes -1 - j for row j of that
 step's sampled tokens, which the runner keeps in a persistent device buffer (`tokens`) and substitutes
 on the device before the forward. A decode-only step on GPU is one graph replay: substitution, forward,
-logits and their argmax; when argmax is every row's answer (greedy, nothing else asked) the host launches
-nothing more than the graph and the copies in and out.
+logits and sample_tokens on them (argmax for greedy rows, Gumbel-max at the row's temperature else, with a
+Philox key per row); when that is every row's answer (sampler.graph_sample_suffices: greedy or plain
+temperature sampling, nothing else asked) the host launches nothing more than the graph and the copies in and
+out, and the step's temperatures and keys travel with its inputs. Otherwise the graph's temperatures are 0
+and the host samples from the graph's logits.
 """
 
 from __future__ import annotations
@@ -15,8 +18,10 @@ from __future__ import annotations
 import logging
 import math
 
+import numpy as np
 import torch
 
+import atom_kernels
 from atom_core.config import AtomConfig
 from atom_core.forward_context import set_forward_context
 from atom_core.layers.kernel_warmup import warm_up_attention, warm_up_moe
@@ -25,7 +30,17 @@ from atom_core.plugins import metadata_builder
 from atom_frontends.native.attention import NativeCacheLayer
 from atom_frontends.native.cuda_graphs import DecodeGraphs, batch_size_ladder, why_not_capturable
 from atom_frontends.native.inputs import StepInputs
-from atom_frontends.native.sampler import Sampled, StepOutput, argmax_suffices, sample, to_device, top_logprobs
+from atom_frontends.native.request import Request
+from atom_frontends.native.sampler import (
+    Sampled,
+    StepOutput,
+    graph_sample_suffices,
+    graph_seeds,
+    sample,
+    seed_base,
+    to_device,
+    top_logprobs,
+)
 from atom_frontends.native.scheduler import Scheduled
 
 FP8_KV = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn}
@@ -41,12 +56,14 @@ class ModelRunner:
             self.generator.seed()  # a fresh non-deterministic seed
         else:
             self.generator.manual_seed(seed)
+        # graph steps' Philox keys: sampler.graph_seeds(seed_base, rows so far, G)
+        self.seed_base, self.graph_rows = seed_base(seed), 0
         self.num_blocks = 0
         self.inputs = None  # built with the KV cache, once config.max_model_len is final
         self.graphs: DecodeGraphs | None = None
         # [max_num_seqs] int64: row j = the token the latest step sampled for its j-th completing sequence (what an
         # input -1 - j stands for); prev_tokens: a graph step's copy of them from before it overwrote them with its
-        # argmax (the penalties read it)
+        # sample_tokens (the penalties read it)
         self.tokens = torch.zeros(config.max_num_seqs, dtype=torch.int64, device=self.device)
         self.prev_tokens = torch.zeros_like(self.tokens)
 
@@ -87,13 +104,14 @@ class ModelRunner:
         self.graphs = DecodeGraphs(self._decode_step, self.inputs, batch_size_ladder(self.config.max_num_seqs))
 
     def _decode_step(self, step: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
-        """A decode-only step as the graphs capture it, with no host reads: → hidden [G, D], logits [G, V]; the
-        argmax of every row into tokens[:G] (the previous tokens kept in prev_tokens)."""
+        """A decode-only step as the graphs capture it, with no host reads: → hidden [G, D], logits [G, V]; every
+        row's sample_tokens (step.temperature, step.seeds) into tokens[:G] (the previous tokens kept in
+        prev_tokens)."""
         self.prev_tokens.copy_(self.tokens)
         self.resolve_pending(step.input_ids, self.prev_tokens)
         hidden = self.model(step.input_ids, step.metadata.positions)
         logits = self.model.compute_logits(hidden)
-        self.tokens[: len(logits)] = logits.argmax(dim=-1)
+        self.tokens[: len(logits)] = atom_kernels.sample_tokens(logits, step.temperature, step.seeds)
         return hidden, logits
 
     def _graph_size(self, batch: list[Scheduled]) -> int | None:
@@ -107,10 +125,13 @@ class ModelRunner:
         """Launch one step; its StepOutput gives one result per scheduled request (the sampled token, None for
         partial chunks, and the logprobs asked for) when read."""
         size = self._graph_size(batch)
-        step = self.inputs.build(batch, graph_size=size)
         reqs = [s.request for s in batch]
         rows = [i for i, s in enumerate(batch) if s.completes]
         sampling = [reqs[i] for i in rows]
+        # the graph's sample_tokens is the answer (graph rows are batch rows: every row must sample)
+        in_graph = bool(rows) and size is not None and len(rows) == len(batch) and graph_sample_suffices(sampling)
+        temperatures, seeds = self._graph_sampling(sampling, size) if in_graph else (None, None)
+        step = self.inputs.build(batch, size, temperatures, seeds)
         if size is None:
             hidden, logits = self._eager_step(step, batch, rows)
         else:
@@ -120,12 +141,21 @@ class ModelRunner:
         last = self.tokens if size is None else self.prev_tokens  # the step before's (a graph overwrote tokens)
         prompt = self._prompt_logprobs(batch, hidden) if any(r.prompt_logprobs is not None for r in reqs) else {}
         sampled = None
-        if rows and size is not None and len(rows) == len(batch) and argmax_suffices(sampling):
-            sampled = Sampled(self.tokens[: len(rows)])  # the graph's argmax
+        if in_graph:
+            sampled = Sampled(self.tokens[: len(rows)])
         elif rows:
             sampled = sample(logits, sampling, self.generator, last)
             self.tokens[: len(rows)] = sampled.tokens
         return StepOutput(reqs, rows, sampled, prompt)
+
+    def _graph_sampling(self, reqs: list[Request], size: int) -> tuple[list[float], np.ndarray | None]:
+        """A graph step's temperatures (greedy: 0) and, when a row samples, fresh Philox keys for its G rows."""
+        temperatures = [r.params.temperature for r in reqs]
+        if not any(temperatures):
+            return temperatures, None
+        seeds = graph_seeds(self.seed_base, self.graph_rows, size)
+        self.graph_rows += size
+        return temperatures, seeds
 
     def _eager_step(self, step: StepInputs, batch: list[Scheduled], rows: list[int]):
         """A step the graphs do not cover → (hidden [T, D], logits of the completing rows or None)."""

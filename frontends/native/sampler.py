@@ -6,12 +6,17 @@ Vectorised over the batch and free of host syncs: per-request values travel to t
 copies from pinned memory, and the sampled ids and logprobs stay on the device in a StepOutput, whose
 results() is the step's one read. With overlap scheduling a request's previous token may not have been read
 yet (Request.num_pending): min_tokens counts it and the penalties add it on the device.
+
+A GPU decode step's CUDA graph samples on its own when graph_sample_suffices: the op sample_tokens (argmax, or
+Gumbel-max with Philox noise keyed per row by graph_seeds) on its logits; then sample() does not run.
 """
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from atom_frontends.native.request import Request
@@ -148,11 +153,39 @@ class Sampled:
     logprobs: torch.Tensor | None = None  # [3, L, k + 1] (top_logprobs) of the L rows asking, in row order
 
 
-def argmax_suffices(reqs: list[Request]) -> bool:
-    """True when the argmax of the raw logits is every request's token now: greedy, no penalties, no logprobs,
-    and no stop token masked for min_tokens (what sample() would do to them)."""
-    return all(r.params.greedy and not r.params.penalized and r.params.logprobs is None
+def graph_sample_suffices(reqs: list[Request]) -> bool:
+    """True when sample_tokens on the raw logits (argmax at temperature 0, a draw from softmax(logits / t) else)
+    gives every request its token now: greedy or plain temperature sampling (no top-k, top-p, min-p), no
+    penalties, no logprobs, no stop token masked for min_tokens (what sample() would do to them), and no
+    per-request seed (its own generator's stream must not depend on which steps ran as graphs)."""
+    return all(_plain(r) and not r.params.penalized and r.params.logprobs is None
                and not (_below_min_tokens(r) and r.stop_ids) for r in reqs)
+
+
+def _plain(req: Request) -> bool:
+    p = req.params
+    return p.greedy or (p.top_k <= 0 and p.top_p == 1 and p.min_p == 0 and req.generator is None)
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    """uint64 → uint64 (SplitMix64's finaliser, wrapping arithmetic): consecutive inputs, unrelated outputs."""
+    x = x + 0x9E3779B97F4A7C15
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EB
+    return x ^ (x >> 31)
+
+
+def seed_base(seed: int | None) -> int:
+    """The base of an engine's graph_seeds: from its seed (None: from the OS's entropy)."""
+    start = secrets.randbits(64) if seed is None else seed % 2**64
+    return int(_splitmix64(np.array([start], dtype=np.uint64))[0])
+
+
+def graph_seeds(base: int, first: int, n: int) -> np.ndarray:
+    """[n] int64 Philox keys of the engine's graph-sampled rows first .. first + n - 1 (a running count): every
+    row of every step its own stream, and the same engine seed with the same schedule the same keys."""
+    index = np.arange(first, first + n, dtype=np.uint64) + np.uint64(base)
+    return _splitmix64(index).view(np.int64)
 
 
 def sample(logits: torch.Tensor, reqs: list[Request], generator: torch.Generator | None,
@@ -188,7 +221,8 @@ class StepOutput:
                                                          if reqs[i].params.logprobs is not None]
         tensors = [] if sampled is None else [t for t in (sampled.tokens, sampled.logprobs) if t is not None]
         tensors += prompt.values()
-        self._host = [t.to("cpu", non_blocking=True) for t in tensors]
+        # on CPU a copy too: a tensor may be a view of a buffer the next step rewrites (the runner's tokens)
+        self._host = [t.to("cpu", non_blocking=True) if t.is_cuda else t.clone() for t in tensors]
         self._copied = None
         if tensors and tensors[0].is_cuda:
             self._copied = torch.cuda.Event()

@@ -10,9 +10,10 @@ from atom_kernels.reference.mla import mla_attention, mla_kv_indices, write_late
 from atom_kernels.reference.moe import fused_moe
 from atom_kernels.reference.norm import rms_norm
 from atom_kernels.reference.rotary import rotary
+from atom_kernels.reference.sampling import sample_tokens
 
 __all__ = [
     "fused_moe", "fused_qk_norm_rope_write_kv", "linear", "mla_attention", "mla_kv_indices", "pack_linear",
     "paged_attention", "rms_norm", "rms_norm_linear",
-    "rotary", "silu_and_mul", "silu_and_mul_linear", "write_kv_cache", "write_latent_cache",
+    "rotary", "sample_tokens", "silu_and_mul", "silu_and_mul_linear", "write_kv_cache", "write_latent_cache",
 ]

@@ -51,7 +51,7 @@ def test_penalties_and_min_tokens_in_graph_steps(checkpoint_factory, overlap):
 
 def test_canary_graph_argmax_taken_under_penalties_is_caught(checkpoint_factory, monkeypatch):
     """Break it on purpose: the graph's argmax taken as the answer even where penalties apply."""
-    monkeypatch.setattr(model_runner_module, "argmax_suffices", lambda reqs: True)
+    monkeypatch.setattr(model_runner_module, "graph_sample_suffices", lambda reqs: True)
     ours, want = _penalties_and_min_tokens(checkpoint_factory("LlamaForCausalLM"), True)
     assert ours != want
 
