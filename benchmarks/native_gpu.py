@@ -100,8 +100,8 @@ def prompts_for(batch: int, seed: int, vocab: int) -> list[list[int]]:
 
 class GraphTimer:
     """GPU time of the decode-graph replays (CUDA events around each), to split a step's wall time into
-    the decode graphs on the GPU (forward, logits, argmax) and everything else (host work, sampling beyond argmax,
-    eager steps)."""
+    the decode graphs on the GPU (forward, logits, sample_tokens) and everything else (host work, sampling the
+    graph does not do, eager steps)."""
 
     def __init__(self, llm) -> None:
         self.events: list = []
@@ -288,7 +288,7 @@ def latency(path: str, configs) -> None:
         print("overlap scheduling: " + ", ".join(f"batch {b} x{tps[b, 'native'] / tps[b, 'native, no overlap']:.2f}"
                                                   for b in batches) + " (native / native, no overlap)")
     print("(roofline: weights + KV at mean context 192 read once per decode step at the copy bandwidth; "
-          "graph GPU ms: the decode graph (forward, logits, argmax), the rest of a step is host work; "
+          "graph GPU ms: the decode graph (forward, logits, sample_tokens), the rest of a step is host work; "
           "host ms: a step's wall time minus its waits for the device)")
 
 
@@ -337,7 +337,7 @@ def throughput_run(path: str, overlap: bool, prompts, params, lens, bw: float, k
           f"in {t:.2f} s; preemptions {llm.engine.scheduler.num_preemptions}; fused qk-norm-rope {fused}; "
           f"KV cache {runner.kv_dtype}")
     print(f"decode graphs: {len(timer.events)} replays, {graph_s:.2f} s on the GPU ({graph_s / t:.0%} of the run); "
-          f"the rest is eager prefill steps, sampling beyond argmax and host work")
+          f"the rest is eager prefill steps, sampling the graph does not do and host work")
     print(f"decode graph GPU time per replay by padded batch size: {timer.by_size()}")
     print(f"{host.steps} steps: host {host.host_ms(t):.2f} ms/step, wall {t * 1e3 / max(host.steps, 1):.2f} ms/step "
           f"(the host waited for the device {host.waited / t:.0%} of the run)")
