@@ -17,6 +17,8 @@ overlap it runs while the device computes, so a step costs max(host, device) ins
 EOS ignored (the common offline workload); output tokens/s over the whole run, and the decode
 roofline of the same work (ATOM_FUSED_QK_NORM_ROPE=0 in the environment: the unfused ops);
 with overlap scheduling on and then off in the same run (--overlap on|off: one of them only).
+When vLLM is installed, vLLM's own model runs the same workload in the same way (vllm_peer.py) and the ratio
+native / vLLM's own is printed last.
 --kv-cache-dtype fp8: the engine's KV cache in fp8 e4m3 (scale 1.0: half the KV bytes each decode step reads);
 the roofline then counts those bytes.
 
@@ -44,6 +46,7 @@ from functools import partial
 from pathlib import Path
 
 import torch
+import vllm_peer
 
 from atom_kernels.triton.jit_watch import JitWatch
 
@@ -314,6 +317,11 @@ def throughput(path: str, overlaps: tuple[bool, ...], kv_cache_dtype: str) -> No
     if len(rates) == 2:
         print(f"\noverlap scheduling: output tok/s {rates[True]:.0f} on vs {rates[False]:.0f} off: "
               f"x{rates[True] / rates[False]:.2f}")
+    if vllm_peer.available():  # vLLM's own model on the same workload, same timing (vllm_peer.py)
+        peer = vllm_peer.offline_tok_s(path, kv_cache_dtype)
+        ours = rates[overlaps[0]]
+        print(f"\nvLLM's own Qwen3, same workload and KV cache dtype: {peer:.0f} output tok/s")
+        print(f"native / vLLM's own: {ours:.0f} / {peer:.0f} = {ours / peer:.2f}")
 
 
 def throughput_run(path: str, overlap: bool, prompts, params, lens, bw: float, kv_cache_dtype: str) -> float:
