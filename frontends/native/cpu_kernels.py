@@ -44,7 +44,10 @@ def register_host_kernels(device: torch.device) -> None:
 
 
 def _f32(*tensors: torch.Tensor) -> bool:
-    return all(t.dtype == torch.float32 for t in tensors)
+    for t in tensors:
+        if t.dtype != torch.float32:
+            return False
+    return True
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
@@ -74,14 +77,14 @@ def silu_and_mul_linear(x, weight, bias=None, packed=None):
 
 
 def write_kv_cache(key, value, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=None) -> None:
-    """As reference.write_kv_cache: key/value [T, kv_heads, d] into the caches' slots (no -1 padding slots, no fp8
-    scales here: the reference serves those)."""
-    if k_scale is not None or not _f32(key, value, k_cache, v_cache) or bool(slot_mapping.min() < 0):
-        return reference.write_kv_cache(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+    """As reference.write_kv_cache: key/value [T, kv_heads, d] into the caches' slots, each a row of the caches'
+    slot_rows views (the reference serves fp8 scales, padding slots -1 and caches whose blocks are not back to
+    back)."""
     (k_rows, pitch), (v_rows, v_pitch) = slot_rows(k_cache), slot_rows(v_cache)
-    block_size, slots = k_cache.shape[1], slot_mapping.long()
-    if pitch != block_size or v_pitch != block_size:  # blocks not back to back: slot → its row
+    if (k_scale is not None or not _f32(key, value, k_cache, v_cache) or not pitch == v_pitch == k_cache.shape[1]
+            or not len(slot_mapping) or slot_mapping.min().item() < 0):
         return reference.write_kv_cache(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+    slots = slot_mapping.long()
     k_rows.index_copy_(0, slots, key)
     v_rows.index_copy_(0, slots, value)
 
@@ -101,6 +104,6 @@ def fused_qk_norm_rope_write_kv(positions, query, key, value, q_weight, k_weight
     # views: x * cos + (x2, x1) * (-sin, sin).
     cos, sin = cos_sin_cache[positions.long()].view(t, 1, 2, d // 2).unbind(2)  # [T, 1, d/2] each
     halves = x.view(t, heads + kv_heads, 2, d // 2)
-    y = (halves * cos.unsqueeze(2) + halves.flip(2) * torch.stack((-sin, sin), dim=2)).view(t, -1, d)
+    y = (halves * cos.unsqueeze(2) + halves.flip(2) * torch.stack((-sin, sin), dim=2)).view(t, heads + kv_heads, d)
     write_kv_cache(y[:, heads:], value, k_cache, v_cache, slot_mapping)
     return y[:, :heads]

@@ -68,11 +68,12 @@ def test_qwen3_prologue_equals_the_reference(t, heads, kv_heads, d):
     assert got_cache.count_nonzero() > 0
 
 
-@pytest.mark.parametrize("case", ["bfloat16", "partial_rotary", "padding_slots"])
+@pytest.mark.parametrize("case", ["bfloat16", "partial_rotary", "padding_slots", "no_tokens"])
 def test_uncovered_inputs_run_the_reference(case):
     g = torch.Generator().manual_seed(2)
     dtype = torch.bfloat16 if case == "bfloat16" else torch.float32
-    args = _prologue_inputs(6, 4, 2, 32, g, dtype, rot=16 if case == "partial_rotary" else None)
+    args = _prologue_inputs(0 if case == "no_tokens" else 6, 4, 2, 32, g, dtype,
+                            rot=16 if case == "partial_rotary" else None)
     if case == "padding_slots":
         args[-1][[1, 4]] = -1  # padding rows write nothing
     got, want, got_cache, want_cache = _both_prologues(*args)
