@@ -30,8 +30,20 @@ class NativeCacheLayer(nn.Module):
     def cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
         raise NotImplementedError
 
+    @property
+    def kv_cache(self) -> torch.Tensor:
+        return self._kv_cache
+
+    @kv_cache.setter
+    def kv_cache(self, cache: torch.Tensor) -> None:
+        self._kv_cache = cache
+        self._views = self._views_of(cache) if cache.numel() else ()  # made once, not per layer call
+
     def cache_views(self) -> tuple[torch.Tensor, ...]:
         """The cache as the attention ops read it: (k_cache, v_cache), or (latent cache,) for MLA."""
+        return self._views
+
+    def _views_of(self, cache: torch.Tensor) -> tuple[torch.Tensor, ...]:
         raise NotImplementedError
 
     def _step_metadata(self):
@@ -46,16 +58,15 @@ class NativeAttention(NativeCacheLayer):
     def cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
         return (2, num_blocks, block_size, self.spec.num_kv_heads, self.spec.head_dim)  # K, V
 
-    def cache_views(self) -> tuple[torch.Tensor, ...]:
-        return self.kv_cache[0], self.kv_cache[1]
+    def _views_of(self, cache: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return cache[0], cache[1]
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
         """query [T, heads*d], key/value [T, kv_heads*d] → [T, heads*d]"""
         md = self._step_metadata()
         if md is None:
             return torch.zeros_like(query)
-        return attention_forward(self.spec, query, key, value, self.kv_cache[0], self.kv_cache[1], md,
-                                 self.k_scale, self.v_scale)
+        return attention_forward(self.spec, query, key, value, *self._views, md, self.k_scale, self.v_scale)
 
     def kv_cache_write_args(self) -> tuple | None:
         """What the model needs to write this step's K/V itself (the fused Qwen3 prologue): (k_cache,
@@ -63,7 +74,7 @@ class NativeAttention(NativeCacheLayer):
         md = self._step_metadata()
         if md is None:
             return None
-        return self.kv_cache[0], self.kv_cache[1], md.slot_mapping, self.k_scale, self.v_scale
+        return *self._views, md.slot_mapping, self.k_scale, self.v_scale
 
 
 class NativeMLAAttention(NativeCacheLayer):
@@ -75,8 +86,8 @@ class NativeMLAAttention(NativeCacheLayer):
     def cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
         return (num_blocks, block_size, self.spec.head_dim)
 
-    def cache_views(self) -> tuple[torch.Tensor, ...]:
-        return (self.kv_cache,)
+    def _views_of(self, cache: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (cache,)
 
     def forward(self, query: torch.Tensor, latent: torch.Tensor) -> torch.Tensor:
         """query [T, heads, r + rope], latent [T, r + rope] → [T, heads, r] (see mla_forward)."""

@@ -114,7 +114,7 @@ def _info(args: argparse.Namespace) -> int:
     import atom_kernels
     from atom_core import plugins
     from atom_core.models import supported_architectures
-    from atom_frontends.native.cpu_linear import register_host_kernels
+    from atom_frontends.native.cpu_kernels import register_host_kernels
     from atom_frontends.native.hooks import NATIVE
 
     with NATIVE.scope():

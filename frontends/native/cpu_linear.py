@@ -5,8 +5,8 @@ On CPU, F.linear in float32 runs MKL's sgemm; oneDNN with the weight reordered o
 1.65 → 0.65 ms, 512 rows 29 → 13 ms). Both are plain float32 GEMMs: they differ in the order of the sums only,
 as MKL's own kernels for different shapes do, and as vLLM's prepacked CPU GEMM (atom_frontends.vllm.cpu_linear)
 does. The native engine makes these two functions the dispatcher's "host" kernels of pack_linear and linear on
-CPU (register_host_kernels, like the vLLM frontend with vLLM's GEMM); ATOM_KERNEL_BACKEND=torch runs the
-reference (F.linear) instead. Other dtypes keep F.linear (torch already sends bf16 to oneDNN).
+CPU (cpu_kernels.register_host_kernels, like the vLLM frontend with vLLM's GEMM); ATOM_KERNEL_BACKEND=torch runs
+the reference (F.linear) instead. Other dtypes keep F.linear (torch already sends bf16 to oneDNN).
 
 Layers keep their weight next to the packed copy: the tied LM head shares it with the embedding, and the
 reference needs it.
@@ -17,18 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from atom_kernels import dispatch
-
 HOST_KERNELS = {"pack_linear": f"{__name__}:pack_linear", "linear": f"{__name__}:linear"}
-
-
-def register_host_kernels(device: torch.device) -> None:
-    """On a CPU: make these the "host" kernels of pack_linear and linear (idempotent), unless another host kernel
-    serves linear (vLLM's GEMM, inside vLLM). Other devices keep theirs."""
-    if device.type != "cpu" or dispatch._IMPLS["linear"].get("host") not in (None, HOST_KERNELS["linear"]):
-        return
-    for op, target in HOST_KERNELS.items():
-        dispatch.register(op, "host", target, device_type="cpu")
 
 
 def pack_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor | None:

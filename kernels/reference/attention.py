@@ -118,8 +118,6 @@ def paged_attention(
     made once and reused by every layer.
     Returns [num_tokens, num_heads, head_dim] in query's dtype. Math runs in float32.
     """
-    if out is None:
-        out = torch.empty_like(query)
     (k_rows, pitch), (v_rows, v_pitch) = slot_rows(k_cache), slot_rows(v_cache)
     if v_pitch != pitch:
         raise ValueError(f"K and V caches of different layouts (block pitch {pitch} vs {v_pitch} rows)")
@@ -129,8 +127,13 @@ def paged_attention(
         k = _dequant(_gather(k_rows, g.slots), k_scale)  # [B, seq, kv_heads, d]
         v = _dequant(_gather(v_rows, g.slots), v_scale)
         q = query[g.rows].view(g.num_seqs, -1, *query.shape[1:])  # [B, n, heads, d]
-        out[g.rows] = _attend(q, k, v, g.mask, scale).flatten(0, 1).to(out.dtype)
-    return out
+        o = _attend(q, k, v, g.mask, scale).flatten(0, 1).to(query.dtype)
+        if out is None and isinstance(g.rows, slice) and g.rows == slice(0, len(query)):
+            return o  # one group, every row (a decode-only step): no copy
+        if out is None:
+            out = torch.empty_like(query)
+        out[g.rows] = o
+    return torch.empty_like(query) if out is None else out  # (no rows)
 
 
 def _gather(rows: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
@@ -139,7 +142,9 @@ def _gather(rows: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
 
 
 def _dequant(x: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
-    return x.float() if scale is None else x.float() * scale.float()
+    if scale is None:
+        return x if x.dtype == torch.float32 else x.float()  # (a call less per layer on a float32 cache)
+    return x.float() * scale.float()
 
 
 def _mask(q_pos: torch.Tensor, k_pos: torch.Tensor, sliding_window: int | None) -> torch.Tensor:

@@ -1,12 +1,11 @@
-"""The native engine's CPU GEMM (oneDNN over prepacked float32 weights): what it computes, and that an engine on
-the CPU runs it for every linear layer. Greedy tokens == transformers with it: test_parity and friends."""
+"""The native engine's CPU GEMM (oneDNN over prepacked float32 weights): what it computes (that an engine on the CPU
+runs it for every linear layer: test_cpu_kernels.py). Greedy tokens == transformers with it: test_parity and friends."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-import atom_kernels
 from atom_frontends.native import cpu_linear
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
@@ -28,16 +27,3 @@ def test_other_dtypes_keep_f_linear():
     w, x = torch.randn(8, 4, dtype=torch.bfloat16), torch.randn(2, 4, dtype=torch.bfloat16)
     assert cpu_linear.pack_linear(w) is None
     assert torch.equal(cpu_linear.linear(x, w, None, None), torch.nn.functional.linear(x, w))
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the engine runs on the GPU there")
-def test_engine_on_cpu_runs_it_for_every_linear(checkpoint_factory, no_host_kernels):
-    from atom_core.layers.embedding import ParallelLMHead
-    from atom_core.layers.linear import LinearBase
-    from atom_frontends.native import LLM
-
-    llm = LLM(str(checkpoint_factory("Qwen3ForCausalLM")), dtype="float32")
-    cpu = torch.device("cpu")
-    assert atom_kernels.dispatch.get("linear", cpu) is cpu_linear.linear
-    layers = [m for m in llm.engine.model.modules() if isinstance(m, (LinearBase, ParallelLMHead))]
-    assert layers and all(m.packed is not None for m in layers)
