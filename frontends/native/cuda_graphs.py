@@ -14,8 +14,10 @@ max_model_len) so its grid is the same on every replay.
 from __future__ import annotations
 
 import bisect
+import contextlib
+import gc
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -46,6 +48,24 @@ def why_not_capturable(device: torch.device, enforce_eager: bool, syncing_ops: t
     return None
 
 
+@contextlib.contextmanager
+def no_gc() -> Iterator[None]:
+    """Collect garbage now, then no collection until the block ends. Capture runs in CUDA's global mode, where
+    freeing device or pinned memory, or destroying an event or a graph, invalidates the capture; a dead reference
+    cycle holding such objects (an engine dropped before this one was built) would do that if the collector ran
+    mid-capture (torch.cuda.graph no longer collects first). Seen on the H100: an fp32 engine built right after
+    others failed its capture at random (cuBLAS "execution failed", then "operation failed due to a previous error
+    during capture"). vLLM freezes the collector while it captures for the same reason."""
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 class DecodeGraphs:
     def __init__(self, step_fn: Callable[[StepInputs], Outputs], inputs: InputBuilder, sizes: list[int]) -> None:
         """step_fn(step) runs one decode step on the device (no host reads) and returns its output tensors."""
@@ -53,7 +73,7 @@ class DecodeGraphs:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, Outputs] = {}  # size → what step_fn returned while captured
         pool = None
-        with torch.inference_mode():
+        with torch.inference_mode(), no_gc():
             for size in reversed(self.sizes):  # largest first: smaller graphs reuse its pool memory
                 step = inputs.build([], graph_size=size)  # all rows padding
                 with set_forward_context(step.metadata):

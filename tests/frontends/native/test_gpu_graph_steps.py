@@ -11,6 +11,8 @@ The canary breaks the rule that picks the graph's argmax and expects the penalty
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 
@@ -96,3 +98,23 @@ def test_one_token_chunks_in_graph_steps_match_hf(checkpoint_factory, monkeypatc
     assert [o.outputs[0].token_ids for o in outs] == hf_greedy(path, prompts, NEW)
     assert (True, False) in steps  # a graph step with a row that sampled nothing
     assert_all_free(llm)
+
+
+def test_capture_after_an_engine_dropped_in_a_reference_cycle(checkpoint_factory):
+    """An engine dropped while in a reference cycle is not collected in the middle of the next engine's graph
+    capture (cuda_graphs.no_gc): freeing its graphs, pinned buffers or events there would invalidate the capture.
+    The collector is made to run after nearly every allocation while the second engine is built."""
+    path = checkpoint_factory("Qwen3ForCausalLM")
+    prompts = random_prompts([9, 17], seed=5)
+    cycle = [native(path, "float32", False)]
+    cycle.append(cycle)
+    del cycle
+    thresholds = gc.get_threshold()
+    gc.set_threshold(1, 1, 1)
+    try:
+        llm = native(path, "float32", False)
+    finally:
+        gc.set_threshold(*thresholds)
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=NEW), use_tqdm=False)
+    assert llm.engine.runner.graphs.replays > 0
+    assert [o.outputs[0].token_ids for o in outs] == hf_greedy(path, prompts, NEW)
