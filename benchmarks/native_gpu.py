@@ -47,6 +47,7 @@ from pathlib import Path
 
 import torch
 import vllm_peer
+from mla_decode import copy_bandwidth
 
 from atom_kernels.triton.jit_watch import JitWatch
 
@@ -85,15 +86,6 @@ def timed(fn):
     out = fn()
     torch.cuda.synchronize()
     return out, time.perf_counter() - t
-
-
-def copy_bandwidth() -> float:
-    """Device-to-device copy bandwidth in bytes/s (read + write), 1 GiB buffers."""
-    src = torch.empty(1 << 29, dtype=torch.bfloat16, device=DEVICE)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    _, t = timed(lambda: [dst.copy_(src) for _ in range(20)])
-    return 2 * src.numel() * src.element_size() * 20 / t
 
 
 def prompts_for(batch: int, seed: int, vocab: int) -> list[list[int]]:
