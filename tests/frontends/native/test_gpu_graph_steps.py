@@ -1,12 +1,14 @@
 """A decode-only step on GPU is one CUDA graph: pending inputs resolved on the device, forward, logits of every
-row and their argmax. What the host still does after the graph, when argmax is not every row's answer, must
+row and sample_tokens on them (argmax for greedy rows). What the host still does after the graph, when that is not
+every row's answer, must
 see the same tokens as transformers on the same GPU in fp32 (overlap scheduling on and off):
 - greedy with HF's repetition penalty (reads the previous step's tokens, which the graph overwrote) and
   min_tokens holding off an early stop token;
 - logprobs of the chosen and top tokens (from the graph's logits);
 - one-token prefill chunks that sample nothing, in a step of one-token rows (a graph step whose logits rows
   are not all sampled).
-The canary breaks the rule that picks the graph's argmax and expects the penalty comparison to fail.
+The canary breaks the rule that picks the graph's argmax and expects the penalty comparison to fail. Last: a capture
+right after an engine was dropped in a reference cycle (cuda_graphs.no_gc).
 """
 
 from __future__ import annotations
