@@ -63,6 +63,26 @@ def decode(llm: LLM, temperature: float, prompts=PROMPTS, **kw) -> list[list[int
     return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
 
 
+def check_greedy_rows_beside_temperature_rows(llm: LLM, path, device: str, host: list[bool]) -> None:
+    """Per-row temperatures in one graph step (a row staged at the wrong place would draw where it should not):
+    greedy rows beside temperature-1 rows keep transformers' greedy tokens, and the host samples nothing (host:
+    host_sampling_steps' spy)."""
+    prompts = PROMPTS[:16]
+    params = [SamplingParams(temperature=0.0 if i % 2 else 1.0, max_tokens=12) for i in range(16)]
+    outs = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert not any(host)
+    assert outs[1::2] == hf_oracle.hf_greedy(path, prompts[1::2], 12, torch.float32, device)
+
+
+def check_engine_seed_reproduces_draws(make) -> None:
+    """make(seed) → an engine: the same engine seed gives the same tokens; another one draws other decode tokens
+    (not only another prefill token)."""
+    a = decode(make(5), 1.0, PROMPTS[:16])
+    assert decode(make(5), 1.0, PROMPTS[:16]) == a
+    b = decode(make(6), 1.0, PROMPTS[:16])
+    assert sum(x[1:] != y[1:] for x, y in zip(a, b)) >= 12
+
+
 def _chi2_quantile(dof: int, z: float = 3.09) -> float:
     """Wilson-Hilferty: the chi-square quantile at normal score z (3.09: 99.9%)."""
     return dof * (1 - 2 / (9 * dof) + z * math.sqrt(2 / (9 * dof))) ** 3

@@ -15,8 +15,16 @@ import torch
 
 from atom_frontends.native import SamplingParams
 from tests.broken_ops import broken
-from tests.frontends.native.graph_sampling import PROMPTS, Z_LIMIT, decode, distribution_stats, host_sampling_steps
-from tests.frontends.native.test_gpu_parity import hf_greedy, native
+from tests.frontends.native.graph_sampling import (
+    PROMPTS,
+    Z_LIMIT,
+    check_engine_seed_reproduces_draws,
+    check_greedy_rows_beside_temperature_rows,
+    decode,
+    distribution_stats,
+    host_sampling_steps,
+)
+from tests.frontends.native.test_gpu_parity import native
 
 pytestmark = pytest.mark.gpu
 
@@ -57,19 +65,11 @@ def test_canary_wrong_temperature_in_the_graph_is_caught(path):
 
 def test_greedy_rows_beside_temperature_rows_keep_hf_greedy_tokens(path, monkeypatch):
     host = host_sampling_steps(monkeypatch)
-    llm = engine(path)
-    prompts = PROMPTS[:16]
-    params = [SamplingParams(temperature=0.0 if i % 2 else 1.0, max_tokens=12) for i in range(16)]
-    outs = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
-    assert not any(host)
-    assert outs[1::2] == hf_greedy(path, prompts[1::2], 12)
+    check_greedy_rows_beside_temperature_rows(engine(path), path, "cuda", host)
 
 
 def test_engine_seed_reproduces_graph_draws(path):
-    a = decode(engine(path, seed=5), 1.0, PROMPTS[:16])
-    assert decode(engine(path, seed=5), 1.0, PROMPTS[:16]) == a
-    b = decode(engine(path, seed=6), 1.0, PROMPTS[:16])
-    assert sum(x[1:] != y[1:] for x, y in zip(a, b)) >= 12  # the decode draws differ, not only the prefill's
+    check_engine_seed_reproduces_draws(lambda seed: engine(path, seed=seed))
 
 
 def test_seeded_request_alone_and_in_a_batch(path, monkeypatch):

@@ -21,11 +21,12 @@ from tests.frontends.native.graph_sampling import (
     PROMPTS,
     Z_LIMIT,
     EagerGraphs,
+    check_engine_seed_reproduces_draws,
+    check_greedy_rows_beside_temperature_rows,
     decode,
     distribution_stats,
     host_sampling_steps,
 )
-from tests.frontends.native.hf_oracle import hf_greedy
 
 
 def engine(path, seed=0, overlap=False) -> LLM:
@@ -60,20 +61,12 @@ def test_canary_wrong_temperature_in_the_graph_is_caught(path):
 
 
 def test_greedy_rows_beside_temperature_rows_keep_hf_greedy_tokens(path, monkeypatch):
-    """Per-row temperatures in one graph step: a row staged at the wrong place would draw where it should not."""
     host = host_sampling_steps(monkeypatch)
-    prompts = PROMPTS[:16]
-    params = [SamplingParams(temperature=0.0 if i % 2 else 1.0, max_tokens=12) for i in range(16)]
-    outs = [o.outputs[0].token_ids for o in engine(path).generate(prompts, params, use_tqdm=False)]
-    assert not any(host)
-    assert outs[1::2] == hf_greedy(path, prompts[1::2], 12)
+    check_greedy_rows_beside_temperature_rows(engine(path), path, "cpu", host)
 
 
 def test_engine_seed_reproduces_graph_draws(path):
-    a = decode(engine(path, seed=5), 1.0, PROMPTS[:16])
-    assert decode(engine(path, seed=5), 1.0, PROMPTS[:16]) == a
-    b = decode(engine(path, seed=6), 1.0, PROMPTS[:16])
-    assert sum(x[1:] != y[1:] for x, y in zip(a, b)) >= 12  # the decode draws differ, not only the prefill's
+    check_engine_seed_reproduces_draws(lambda seed: engine(path, seed=seed))
 
 
 def test_seeded_request_is_sampled_by_the_host_and_batch_independent(path, monkeypatch):
