@@ -133,14 +133,20 @@ class InputBuilder:
             self._refill_mla(step.metadata)
         return step
 
+    def _sampling_slots(self, size: int) -> tuple[int, int]:
+        """Where a graph step of size G keeps its temperatures (int32 buffer) and seeds (int64 buffer): after the
+        block tables, and after the room for G logits indices (the layout in the module docstring)."""
+        return 2 * size + 1 + size * self.width, 4 * size
+
     def _fill_sampling(self, size: int, temperatures: list[float] | None, seeds: np.ndarray | None) -> None:
         """A graph step's temperatures (padding rows and temperatures None: 0) and seeds into their slots."""
-        temp = self.np32[2 * size + 1 + size * self.width : 3 * size + 1 + size * self.width].view(np.float32)
+        temp_at, seeds_at = self._sampling_slots(size)
+        temp = self.np32[temp_at : temp_at + size].view(np.float32)
         temp[:] = 0
         if temperatures is not None:
             temp[: len(temperatures)] = temperatures
         if seeds is not None:
-            self.np64[4 * size : 5 * size] = seeds
+            self.np64[seeds_at : seeds_at + size] = seeds
 
     def _refill_mla(self, md: AttentionMetadata) -> None:
         """The step's MLA decode metadata in the persistent buffers (device work queued behind the copies, no
@@ -181,9 +187,9 @@ class InputBuilder:
         key = (size, n_logits)
         if key not in self._graph_cache:
             views = self.views(size, size, self.width, n_logits, (1, self.max_model_len, size, 0))
-            temp_at = 2 * size + 1 + size * self.width
+            temp_at, seeds_at = self._sampling_slots(size)
             views.temperature = self.dev[torch.int32][temp_at : temp_at + size].view(torch.float32)
-            views.seeds = self.dev[torch.int64][4 * size : 5 * size]
+            views.seeds = self.dev[torch.int64][seeds_at : seeds_at + size]
             self._graph_cache[key] = views
         views = self._graph_cache[key]
         views.metadata.scratch.clear()  # the same metadata object serves every step of this size
