@@ -48,32 +48,43 @@ def workloads(vocab: int) -> dict[str, tuple[list[list[int]], list[int], float]]
     }
 
 
-def decode_profile(llm, vocab: int) -> str:
-    """A 9-token generate (1 prefill + 8 decode steps) at batch 1 and at batch 32 under the profiler, in this
-    process (the engine runs in-process): gpu_profile's kernels by kind, top kernels, wall vs GPU time."""
-    import torch
-    from gpu_profile import profile_call
+def requests_and_params(vocab: int, row: str, max_tokens: int | None = None) -> tuple[list[dict], list]:
+    """A row's vLLM requests and per-request SamplingParams (seeded; max_tokens overrides the row's lengths)."""
     from vllm import SamplingParams
 
+    prompts, lens, temperature = workloads(vocab)[row]
+    params = [SamplingParams(max_tokens=max_tokens or m, temperature=temperature, ignore_eos=True,
+                             detokenize=False, seed=i) for i, m in enumerate(lens)]
+    return [{"prompt_token_ids": p} for p in prompts], params
+
+
+def profile_rows(llm, vocab: int, rows: list[str]) -> str:
+    """Each row's workload under the profiler, in this process (the engine runs in-process): gpu_profile's
+    kernels by kind, top kernels, wall vs GPU time. batch1: the whole row (its 128-token prefill and 127 decode
+    steps); batch1 and batch32: a 9-token generate (1 prefill + 8 decode steps); offline: the whole row."""
+    import torch
+    from gpu_profile import profile_call
+
     parts = []
-    prompts, _, _ = workloads(vocab)["batch1"]  # the whole batch-1 row (its 128-token prefill and 127 decode steps)
-    params = SamplingParams(max_tokens=NEW, temperature=0.0, ignore_eos=True, detokenize=False)
-    requests = [{"prompt_token_ids": p} for p in prompts]
-    parts.append(profile_call(partial(llm.generate, requests, params, use_tqdm=False), f"{NEW}-token batch1 generate",
-                              top=6, host_top=12))
+    if "batch1" in rows:
+        parts.append(profile_call(partial(llm.generate, *requests_and_params(vocab, "batch1"), use_tqdm=False),
+                                  f"{NEW}-token batch1 generate", top=6, host_top=12))
     for row in ("batch1", "batch32"):
-        prompts, _, _ = workloads(vocab)[row]
-        params = SamplingParams(max_tokens=9, temperature=0.0, ignore_eos=True, detokenize=False)
-        requests = [{"prompt_token_ids": p} for p in prompts]
+        if row not in rows:
+            continue
+        requests, params = requests_and_params(vocab, row, max_tokens=9)
         llm.generate(requests, params, use_tqdm=False)  # same shapes once, outside the profile
         torch.cuda.synchronize()
         parts.append(profile_call(partial(llm.generate, requests, params, use_tqdm=False), f"9-token {row} generate"))
+    if "offline" in rows:  # the timed runs above already ran it: no first-use work left inside
+        parts.append(profile_call(partial(llm.generate, *requests_and_params(vocab, "offline"), use_tqdm=False),
+                                  "offline row", top=14, host_top=8))
     return "\n".join(parts)
 
 
 def worker(path: str, rows: list[str], profile: bool = False, repeats: int = 1) -> dict:
     """One side, in this process: one engine, a warm-up, then each row timed `repeats` times (the median counts)."""
-    from vllm import LLM, SamplingParams
+    from vllm import LLM
 
     from atom_kernels.triton.jit_watch import JitWatch
 
@@ -82,10 +93,8 @@ def worker(path: str, rows: list[str], profile: bool = False, repeats: int = 1) 
     llm = LLM(model=path, dtype="bfloat16", skip_tokenizer_init=True, max_model_len=2048, seed=0)
     result = {"startup_s": time.perf_counter() - t0}
     for row in rows:
-        prompts, max_tokens, temperature = workloads(vocab)[row]
-        params = [SamplingParams(max_tokens=m, temperature=temperature, ignore_eos=True, detokenize=False, seed=i)
-                  for i, m in enumerate(max_tokens)]
-        requests = [{"prompt_token_ids": p} for p in prompts]
+        requests, params = requests_and_params(vocab, row)
+        expected = sum(p.max_tokens for p in params)
         # The same row once untimed first: kernels JIT-compiled on first use (our Triton attention picks its
         # tiles by query length) and allocator growth stay out of the timed run, for both sides alike.
         t = time.perf_counter()
@@ -98,13 +107,13 @@ def worker(path: str, rows: list[str], profile: bool = False, repeats: int = 1) 
                 outs = llm.generate(requests, params, use_tqdm=False)
                 elapsed = time.perf_counter() - t
                 produced = sum(len(o.outputs[0].token_ids) for o in outs)
-                assert produced == sum(max_tokens), f"{row}: {produced} tokens, expected {sum(max_tokens)}"
+                assert produced == expected, f"{row}: {produced} tokens, expected {expected}"
                 rates.append(produced / elapsed)
         result[f"{row}_jit"] = str(jit)
         result[row] = {"tok_s": statistics.median(rates), "runs": rates,
                        "tokens": [list(o.outputs[0].token_ids) for o in outs]}
     if profile:
-        result["profile"] = decode_profile(llm, vocab)
+        result["profile"] = profile_rows(llm, vocab, rows)
     result["model"] = llm.apply_model(lambda m: f"{type(m).__module__}.{type(m).__qualname__}")[0]
     result["cudagraph_mode"] = str(llm.llm_engine.vllm_config.compilation_config.cudagraph_mode)
     return result
@@ -131,7 +140,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--checkpoint", help="checkpoint dir (built once into the temp dir when absent)")
     ap.add_argument("--rows", default=",".join(ROWS))
-    ap.add_argument("--profile", action="store_true", help="also profile 8 decode steps at batch 1 and 32 on each side")
+    ap.add_argument("--profile", action="store_true", help="also profile each row's workload on each side")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs of each row per side (the median counts)")
     ap.add_argument("--only-ours", action="store_true", help="only atom-core's side, profiled; no table")
     ap.add_argument("--worker", metavar="CHECKPOINT", help=argparse.SUPPRESS)
