@@ -107,6 +107,31 @@ def attention_forward(
     return o.reshape(t, spec.num_heads * spec.head_dim)
 
 
+def qk_norm_rope_attention_forward(
+    spec: AttentionSpec,
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    norm_rope: tuple[torch.Tensor, torch.Tensor, float, torch.Tensor],
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    md: AttentionMetadata,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """attention_forward with Qwen3's prologue fused into the K/V write: per-head RMSNorm of q and k, the neox
+    rotary, then K/V written at md.slot_mapping, in one op (fused_qk_norm_rope_write_kv); equal to the unfused
+    norm → rotary → attention_forward. positions [T]; query [T, heads, head_dim], key/value [T, kv_heads,
+    head_dim] (strided rows); norm_rope: (q_norm weight [head_dim], k_norm weight [head_dim], eps, the rotary's
+    cos|sin table [max_positions, rotary_dim]). Returns [T, heads*head_dim]."""
+    q_weight, k_weight, eps, cos_sin_cache = norm_rope
+    q = atom_kernels.fused_qk_norm_rope_write_kv(positions, query, key, value, q_weight, k_weight, eps,
+                                                 cos_sin_cache, k_cache, v_cache, md.slot_mapping, k_scale, v_scale)
+    return attention_forward(spec, q.view(q.shape[0], -1), None, None, k_cache, v_cache, md, k_scale, v_scale, out)
+
+
 def mla_forward(
     spec: AttentionSpec,
     query: torch.Tensor,

@@ -41,12 +41,12 @@ def _sliding_window(cfg, layer_idx: int) -> int | None:
 
 
 def _fused_write_supported(attn) -> bool:
-    """Can this host's attention layer let the model write K/V itself (the fused Qwen3 prologue)?
+    """Can this host's attention layer take Qwen3's q/k norm + rotary fused with its K/V write?
 
-    A host layer says so by offering `kv_cache_write_args()`; otherwise the unfused q/k norm + rotary + the
-    layer's own cache write run, and the log says so once when ATOM_FUSED_QK_NORM_ROPE=1 was asked for
-    explicitly (the switch is on by default)."""
-    if callable(getattr(type(attn), "kv_cache_write_args", None)):
+    A layer says so with `fuses_qk_norm_rope` (and offers `forward_qk_norm_rope`); otherwise the unfused q/k norm
+    + rotary + the layer's own cache write run, and the log says so once when ATOM_FUSED_QK_NORM_ROPE=1 was asked
+    for explicitly (the switch is on by default)."""
+    if getattr(attn, "fuses_qk_norm_rope", False):
         return True
     if env_flag("ATOM_FUSED_QK_NORM_ROPE", False):
         _warn_fused_unsupported(type(attn).__qualname__)
@@ -80,7 +80,6 @@ class LlamaAttention(nn.Module):
         self.rotary_emb = rotary_emb  # the model's one table, shared by every layer
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if qk_norm else None
-        # Qwen3: q/k norm + rotary + cache write in one kernel; the layer then gets key=None (no 2nd write).
         self.attn = Attention(self.num_heads, self.head_dim, self.head_dim**-0.5, self.num_kv_heads,
                               sliding_window=_sliding_window(cfg, layer_idx),
                               kv_cache_dtype=config.kv_cache_dtype, prefix=f"{prefix}.attn")
@@ -102,15 +101,10 @@ class LlamaAttention(nn.Module):
         q, k, v = qkv.split(self.qkv_proj.sizes, dim=-1)
         q = q.reshape(t, self.num_heads, self.head_dim)
         k = k.reshape(t, self.num_kv_heads, self.head_dim)
-        # (k_cache, v_cache, slot_mapping, k_scale, v_scale), or None: no cache bound yet / warm-up
-        target = self.attn.kv_cache_write_args() if self.fused_qk_norm_rope else None
-        if target is not None:
-            k_cache, v_cache, slots, k_scale, v_scale = target
-            q = atom_kernels.fused_qk_norm_rope_write_kv(
-                positions, q, k, v.view(t, self.num_kv_heads, self.head_dim), self.q_norm.weight,
-                self.k_norm.weight, self.q_norm.eps, self.rotary_emb.cos_sin_cache, k_cache, v_cache, slots,
-                k_scale, v_scale)
-            return self.o_proj(self.attn(q.reshape(t, -1), None, None))
+        if self.fused_qk_norm_rope:  # the layer runs the norms and rotary in its K/V write
+            norm_rope = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, self.rotary_emb.cos_sin_cache)
+            v = v.view(t, self.num_kv_heads, self.head_dim)
+            return self.o_proj(self.attn.forward_qk_norm_rope(positions, q, k, v, norm_rope))
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary_emb(positions, q, k)

@@ -10,7 +10,14 @@ import torch
 from torch import nn
 
 from atom_core.forward_context import get_forward_context
-from atom_core.layers.attention import FULL_ATTENTION_OPS, MLA_OPS, AttentionSpec, attention_forward, mla_forward
+from atom_core.layers.attention import (
+    FULL_ATTENTION_OPS,
+    MLA_OPS,
+    AttentionSpec,
+    attention_forward,
+    mla_forward,
+    qk_norm_rope_attention_forward,
+)
 
 
 class NativeCacheLayer(nn.Module):
@@ -68,13 +75,17 @@ class NativeAttention(NativeCacheLayer):
             return torch.zeros_like(query)
         return attention_forward(self.spec, query, key, value, *self._views, md, self.k_scale, self.v_scale)
 
-    def kv_cache_write_args(self) -> tuple | None:
-        """What the model needs to write this step's K/V itself (the fused Qwen3 prologue): (k_cache,
-        v_cache, slot_mapping, k_scale, v_scale), or None when there is no cache to touch."""
+    fuses_qk_norm_rope = True  # forward_qk_norm_rope: the model may hand this layer Qwen3's q/k norm + rotary
+
+    def forward_qk_norm_rope(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
+                             value: torch.Tensor, norm_rope: tuple) -> torch.Tensor:
+        """Qwen3's q/k norm + rotary fused with this step's K/V write, then attention (see
+        qk_norm_rope_attention_forward): query [T, heads, d], key/value [T, kv_heads, d] → [T, heads*d]."""
         md = self._step_metadata()
         if md is None:
-            return None
-        return *self._views, md.slot_mapping, self.k_scale, self.v_scale
+            return query.new_zeros(query.shape[0], self.spec.num_heads * self.spec.head_dim)
+        return qk_norm_rope_attention_forward(self.spec, positions, query, key, value, norm_rope, *self._views, md,
+                                              self.k_scale, self.v_scale)
 
 
 class NativeMLAAttention(NativeCacheLayer):

@@ -15,13 +15,15 @@ from torch import nn
 from vllm.config import VllmConfig, get_current_vllm_config
 from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+from vllm.platforms import current_platform
 from vllm.utils.torch_utils import direct_register_custom_op, kv_cache_dtype_str_to_dtype
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheSpec, SlidingWindowSpec, get_kv_quant_mode
 
-from atom_core.layers.attention import AttentionSpec
+from atom_core.layers.attention import FULL_ATTENTION_OPS, AttentionSpec
 from atom_frontends.vllm.backend import AtomAttentionBackend, AtomAttentionImpl, register_attention_backend
 from atom_frontends.vllm.cpu_kernels import register_host_kernels
-from atom_frontends.vllm.platforms import ATTENTION_OP
+from atom_frontends.vllm.platforms import ATTENTION_OP, QK_NORM_ROPE_ATTENTION_OP
+from atom_kernels import dispatch
 
 # vLLM micro-batching (--enable-dbo, --ubatch-size > 1) gives each micro-batch a thread and a forward
 # context of its own, holding that micro-batch's metadata dict, and the layer gets that micro-batch's
@@ -35,22 +37,45 @@ _MICRO_BATCH_LIST = (
 )
 
 
-def vllm_attention(query: torch.Tensor, key: torch.Tensor | None, value: torch.Tensor | None,
-                   output: torch.Tensor, layer_name: str) -> None:
-    """Write K/V into the layer's cache (unless key is None: already written) and attend, into `output`."""
+def _step(layer_name: str, output: torch.Tensor):
+    """(our layer, its metadata this step), or None with output zeroed (profiling / warm-up: no cache to touch)."""
     ctx = get_forward_context()
     layer = ctx.no_compile_layers[layer_name]
     md = ctx.attn_metadata
     if isinstance(md, list):
         raise ValueError(_MICRO_BATCH_LIST)
     md = md.get(layer_name) if isinstance(md, dict) else md
-    if md is None or layer.kv_cache.numel() == 0:  # profiling / warm-up: no cache to touch
+    if md is None or layer.kv_cache.numel() == 0:
         output.zero_()
-        return
-    layer.impl.forward(layer, query, key, value, layer.kv_cache, md, output)
+        return None
+    return layer, md
+
+
+def vllm_attention(query: torch.Tensor, key: torch.Tensor | None, value: torch.Tensor | None,
+                   output: torch.Tensor, layer_name: str) -> None:
+    """Write K/V into the layer's cache (unless key is None: already written) and attend, into `output`."""
+    if step := _step(layer_name, output):
+        layer, md = step
+        layer.impl.forward(layer, query, key, value, layer.kv_cache, md, output)
 
 
 def _vllm_attention_fake(query, key, value, output, layer_name) -> None:
+    return None
+
+
+def vllm_qk_norm_rope_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                                positions: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+                                cos_sin_cache: torch.Tensor, output: torch.Tensor, layer_name: str,
+                                eps: float) -> None:
+    """vllm_attention with Qwen3's q/k norm + rotary fused into the K/V write (one kernel before attending)."""
+    if step := _step(layer_name, output):
+        layer, md = step
+        layer.impl.forward_qk_norm_rope(layer, positions, query, key, value,
+                                        (q_weight, k_weight, eps, cos_sin_cache), layer.kv_cache, md, output)
+
+
+def _vllm_qk_norm_rope_attention_fake(query, key, value, positions, q_weight, k_weight, cos_sin_cache, output,
+                                      layer_name, eps) -> None:
     return None
 
 
@@ -60,6 +85,8 @@ def _vllm_attention_fake(query, key, value, output, layer_name) -> None:
 _LIB = torch.library.Library(ATTENTION_OP.split("::")[0], "FRAGMENT")
 direct_register_custom_op(ATTENTION_OP.split("::")[1], vllm_attention, mutates_args=["output"],
                           fake_impl=_vllm_attention_fake, target_lib=_LIB)
+direct_register_custom_op(QK_NORM_ROPE_ATTENTION_OP.split("::")[1], vllm_qk_norm_rope_attention,
+                          mutates_args=["output"], fake_impl=_vllm_qk_norm_rope_attention_fake, target_lib=_LIB)
 
 
 class AttentionForVllm(nn.Module, AttentionLayerBase):
@@ -93,11 +120,27 @@ class AttentionForVllm(nn.Module, AttentionLayerBase):
         # Per-tensor fp8 KV scales (1.0: atom-core checkpoints carry none); buffers follow .to(device).
         self.register_buffer("_k_scale", torch.ones((), dtype=torch.float32), persistent=False)
         self.register_buffer("_v_scale", torch.ones((), dtype=torch.float32), persistent=False)
+        # Qwen3's q/k norm + rotary fused into our K/V write (forward_qk_norm_rope), wherever atom_kernels own the
+        # cache's page format; not where vLLM's CPU kernels write and read the pages (cpu_kernels.py).
+        device_type = current_platform.device_type
+        self.fuses_qk_norm_rope = all(dispatch.backend_for(op, device_type) != "host" for op in FULL_ATTENTION_OPS)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor | None, value: torch.Tensor | None) -> torch.Tensor:
         """query [T, heads*d], key/value [T, kv_heads*d] (None: already in the cache) → [T, heads*d]"""
         output = torch.empty_like(query)
         torch.ops.atom.vllm_attention(query, key, value, output, self.layer_name)
+        return output
+
+    def forward_qk_norm_rope(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
+                             value: torch.Tensor, norm_rope: tuple) -> torch.Tensor:
+        """Qwen3's q/k norm + rotary fused with the K/V write, then attention (the core's
+        qk_norm_rope_attention_forward): query [T, heads, d], key/value [T, kv_heads, d] → [T, heads*d]."""
+        q_weight, k_weight, eps, cos_sin_cache = norm_rope
+        t = query.shape[0]
+        dtype = torch.promote_types(q_weight.dtype, query.dtype)  # the fused op's query dtype
+        output = torch.empty((t, self.num_heads * self.head_size), dtype=dtype, device=query.device)
+        torch.ops.atom.vllm_qk_norm_rope_attention(query, key, value, positions, q_weight, k_weight, cos_sin_cache,
+                                                   output, self.layer_name, eps)
         return output
 
     def get_attn_backend(self) -> type[AtomAttentionBackend]:

@@ -14,7 +14,7 @@ from vllm.v1.attention.backend import AttentionBackend, AttentionImpl, Attention
 from vllm.v1.kv_cache_layout import KVCacheLayout
 
 from atom_core.forward_context import AttentionMetadata
-from atom_core.layers.attention import AttentionSpec, attention_forward
+from atom_core.layers.attention import AttentionSpec, attention_forward, qk_norm_rope_attention_forward
 from atom_core.layers.kernel_warmup import capturing, warm_up_attention
 from atom_kernels import dispatch
 
@@ -90,22 +90,45 @@ class AtomAttentionImpl(AttentionImpl[AttentionMetadata]):
         their output rows are zeros."""
         if output_scale is not None or output_block_scale is not None:
             raise NotImplementedError("atom-core attention does not fuse output quantization")
+        n = self._real_rows(query, attn_metadata, output)
+        query = query[:n]  # views of the real rows: no copy, no device sync
+        key, value = (None, None) if key is None else (key[:n], value[:n])
+        k_cache, v_cache, k_scale, v_scale = self._caches(layer, kv_cache, query.dtype)
+        attention_forward(self.spec, query, key, value, k_cache, v_cache, attn_metadata,
+                          k_scale, v_scale, out=output[:n])
+        return output
+
+    def forward_qk_norm_rope(self, layer, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
+                             value: torch.Tensor, norm_rope: tuple, kv_cache: torch.Tensor,
+                             attn_metadata: AttentionMetadata, output: torch.Tensor) -> torch.Tensor:
+        """forward with Qwen3's q/k norm + rotary fused into the K/V write (qk_norm_rope_attention_forward):
+        positions [T], query [T, heads, d], key/value [T, kv_heads, d], output [T, heads*d]; padding rows as in
+        forward."""
+        n = self._real_rows(query, attn_metadata, output)
+        k_cache, v_cache, k_scale, v_scale = self._caches(layer, kv_cache, query.dtype)
+        qk_norm_rope_attention_forward(self.spec, positions[:n], query[:n], key[:n], value[:n], norm_rope,
+                                       k_cache, v_cache, attn_metadata, k_scale, v_scale, out=output[:n])
+        return output
+
+    @staticmethod
+    def _real_rows(query: torch.Tensor, attn_metadata: AttentionMetadata, output: torch.Tensor) -> int:
+        """The step's real token rows n (the metadata's); vLLM's padding rows beyond them get zeros."""
         n = attn_metadata.num_tokens
         if query.shape[0] < n:
             raise ValueError(f"attention got {query.shape[0]} query rows for a batch of {n} tokens; vLLM "
                              f"pads a step's rows, never drops them: the metadata is not this step's")
-        if query.shape[0] > n:  # views of the real rows: no copy, no device sync
+        if query.shape[0] > n:
             output[n:].zero_()
-            query = query[:n]
-            key, value = (None, None) if key is None else (key[:n], value[:n])
+        return n
+
+    def _caches(self, layer, kv_cache: torch.Tensor, dtype: torch.dtype) -> tuple:
+        """(k_cache, v_cache, k_scale, v_scale) of the layer's cache, its attention warmed up on first use."""
         k_cache, v_cache = split_kv_cache(kv_cache, self.head_size)
         quantized = self.kv_cache_dtype.startswith("fp8")
         k_scale = layer._k_scale if quantized else None
         v_scale = layer._v_scale if quantized else None
-        warm_up_once(self, (k_cache, v_cache), query.dtype, k_scale, v_scale)
-        attention_forward(self.spec, query, key, value, k_cache, v_cache, attn_metadata,
-                          k_scale, v_scale, out=output[:n])
-        return output
+        warm_up_once(self, (k_cache, v_cache), dtype, k_scale, v_scale)
+        return k_cache, v_cache, k_scale, v_scale
 
 
 class AtomAttentionBackend(AttentionBackend):

@@ -13,8 +13,8 @@ gives them. Both functions decide with ONE predicate (_pages) on the cache views
 life: a cache is written and read by vLLM's kernels, or written and read by the reference, never a mix. Where
 the kernels' constraints are not met (layout, block size, head size, dtype, fp8 scales) both run the
 reference, logged once per reason. Any other writer of such a cache would have to follow vLLM's page format:
-the vLLM layer offers no kv_cache_write_args, so the fused Qwen3 prologue (which writes through the
-reference's format) never runs here; a change that offers it must keep it off these pages.
+the vLLM layer does not take the fused Qwen3 prologue (fuses_qk_norm_rope, which writes the reference's format)
+while these kernels serve the device.
 """
 
 from __future__ import annotations

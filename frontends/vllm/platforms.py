@@ -21,6 +21,7 @@ import logging
 logger = logging.getLogger("vllm.atom_core")
 
 ATTENTION_OP = "atom::vllm_attention"
+QK_NORM_ROPE_ATTENTION_OP = "atom::vllm_qk_norm_rope_attention"  # Qwen3's prologue fused in
 
 _BASES = {
     "AtomCpuPlatform": ("vllm.platforms.cpu", "CpuPlatform"),
@@ -72,7 +73,7 @@ def keep_mla_scheduling(vllm_config, before: tuple) -> None:
 
 
 def add_attention_splitting_op(vllm_config) -> None:
-    """Under VLLM_COMPILE, make our attention op a graph split point like vLLM's attention ops."""
+    """Under VLLM_COMPILE, make our attention ops graph split points like vLLM's attention ops."""
     from vllm.config import CompilationMode
 
     cc = vllm_config.compilation_config
@@ -82,8 +83,9 @@ def add_attention_splitting_op(vllm_config) -> None:
         # vLLM would fill in its defaults later (set_splitting_ops_for_v1): keep them, add ours.
         cc.splitting_ops = list(cc._attention_ops) + [
             "vllm::unified_kv_cache_update", "vllm::unified_mla_kv_cache_update"]
-    if cc.splitting_ops and ATTENTION_OP not in cc.splitting_ops:
-        cc.splitting_ops.append(ATTENTION_OP)
+    for op in (ATTENTION_OP, QK_NORM_ROPE_ATTENTION_OP):
+        if cc.splitting_ops and op not in cc.splitting_ops:
+            cc.splitting_ops.append(op)
 
 
 def _make(name: str) -> type:

@@ -88,7 +88,7 @@ def test_qwen3_switch_routes_through_the_fused_op(checkpoint_factory, monkeypatc
 
 
 def test_switch_is_ignored_with_one_log_line_by_layers_that_cannot_take_the_write(caplog, monkeypatch):
-    """A host attention layer without `kv_cache_write_args()` (vLLM's and SGLang's today) keeps the
+    """A host attention layer without `fuses_qk_norm_rope` (SGLang's today) keeps the
     unfused path; asked for explicitly (ATOM_FUSED_QK_NORM_ROPE=1), the log says so once per layer class, by
     default (on) nothing is said; the native layer takes the fused write."""
     from atom_core.layers.attention import AttentionSpec

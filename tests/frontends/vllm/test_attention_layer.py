@@ -150,6 +150,44 @@ def test_padded_step_attends_real_rows_zeroes_padding_and_keeps_it_out_of_the_ca
         _attend_through_op(query[:-1], key[:-1], value[:-1])  # fewer rows than tokens: not this step's
 
 
+@pytest.mark.parametrize("mode", PAD_MODES)
+def test_qk_norm_rope_op_equals_norms_and_rotary_then_the_attention_op(mode):
+    """Qwen3's prologue through atom::vllm_qk_norm_rope_attention on a padded step == the per-head norms and the
+    rotary by the torch reference, then atom::vllm_attention on an identical layer and cache: same output, same
+    cache, padding rows zero and kept out of the cache. The layer does not take the prologue while vLLM's CPU
+    kernels serve the device (as on this platform, vLLM's page format); here they are removed for the test."""
+    from vllm.forward_context import set_forward_context
+
+    from atom_frontends.vllm.cpu_kernels import OPS
+    from atom_kernels import dispatch, reference
+
+    cfg, layer, common, (query, key, value, _, _), _ = _layer_and_step(7)
+    plain_cfg, plain, _, _, _ = _layer_and_step(7)  # same seed: the same cache contents and step
+    assert not layer.fuses_qk_norm_rope  # vLLM's CPU kernels own this platform's pages
+    for op in OPS:  # (built layers registered them) the reference serves every op, and owns the page format
+        dispatch.register(op, "host", None)
+    g = torch.Generator().manual_seed(8)
+    n = common.num_actual_tokens
+    q_weight, k_weight = torch.rand(D, generator=g) + 0.5, torch.rand(D, generator=g) + 0.5
+    angles = torch.rand(64, D // 2, generator=g) * 6.3
+    cos_sin = torch.cat([angles.cos(), angles.sin()], dim=-1)
+    positions = torch.cat([common.positions, common.positions.new_full((PAD_TOKENS,), 7)])
+    q, k, v = query.view(n, HEADS, D), key.view(n, KV_HEADS, D), value.view(n, KV_HEADS, D)
+    md = atom_builder().build(0, pad_metadata(common, mode))
+    with set_forward_context({PREFIX: md}, cfg):
+        out = layer.forward_qk_norm_rope(positions, *(pad_rows(x.reshape(n, -1)).view(n + PAD_TOKENS, -1, D)
+                                                      for x in (q, k, v)), (q_weight, k_weight, 1e-6, cos_sin))
+    qr, kr = reference.rotary(positions[:n], reference.rms_norm(q, q_weight, 1e-6),
+                              reference.rms_norm(k, k_weight, 1e-6), cos_sin)
+    with set_forward_context({PREFIX: md}, plain_cfg):
+        want = torch.full_like(out, float("nan"))
+        torch.ops.atom.vllm_attention(pad_rows(qr.reshape(n, -1)), pad_rows(kr.reshape(n, -1)), pad_rows(value),
+                                      want, PREFIX)
+    assert torch.equal(out[:n], want[:n]) and torch.count_nonzero(out[n:]) == 0
+    assert torch.equal(layer.kv_cache, plain.kv_cache)
+    assert not torch.equal(qr, q)  # the norms and rotary changed the query (the check above could fail)
+
+
 def _run_like_ubatch_wrapper(cfg, ubatch_slices, attn_metadata, query, key, value):
     """One forward as vLLM's UBatchWrapper runs it under --enable-dbo: a forward context per micro-batch
     holding that micro-batch's metadata dict, and a thread per micro-batch running the model on its token

@@ -38,6 +38,7 @@ def test_atom_model_ran_inside_vllm(atom_run, name):
     host = dict.fromkeys(("write_kv_cache", "paged_attention", "pack_linear", "linear"), "host")
     assert worker["host_kernels"] == {"backends": host, "fallbacks": []}
     assert worker["unpacked_linear_layers"] == []
+    assert worker["fused_qk_norm_rope_layers"] == 0  # it would write our page format into vLLM's kernels' pages
 
 
 @pytest.mark.slow

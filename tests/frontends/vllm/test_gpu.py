@@ -35,6 +35,8 @@ def test_compiled_with_full_decode_cuda_graphs(gpu_runs, name):
     assert worker["model_class"] == "atom_frontends.vllm.model.AtomForCausalLM"
     assert worker["decoder_compiled"], "vLLM ran atom-core's decoder eagerly"
     assert "torch.compile is off for atom-core" not in log
+    # Qwen3's q/k norm + rotary run fused into our K/V write (atom::vllm_qk_norm_rope_attention), every layer
+    assert (worker["fused_qk_norm_rope_layers"] > 0) == (name == "qwen3")
     # vLLM keeps FULL_AND_PIECEWISE only when the attention builder supports full decode graphs
     assert ours[name]["cudagraph_mode"] == own[name]["cudagraph_mode"] == "FULL_AND_PIECEWISE"
 

@@ -41,6 +41,8 @@ def inspect_worker(model) -> dict:
         "atom_host": host,
         # vLLM's torch.compile wrapper around atom-core's decoder (None: not an atom-core model)
         "decoder_compiled": (not model.decoder.do_not_compile) if hasattr(model, "core") else None,
+        # our attention modules running Qwen3's q/k norm + rotary fused into the K/V write
+        "fused_qk_norm_rope_layers": sum(bool(getattr(m, "fused_qk_norm_rope", False)) for m in model.modules()),
         "platform_class": f"{type(current_platform).__module__}.{type(current_platform).__qualname__}",
         # who ran our attention and linear ops ("host": vLLM's CPU kernels, atom_frontends.vllm.cpu_kernels), and
         # why any attention layer fell back to the torch reference
