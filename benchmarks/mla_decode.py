@@ -14,10 +14,12 @@ Goals: >= 0.8 of copy bandwidth; fp8 <= 0.6 of bf16 time. With 128 heads the dec
 of bf16 latent: at ~2.8 TB/s that is ~700 TFLOP/s, near the H100's dense bf16 peak, so that case is
 compute-bound (the TFLOP/s column says how close).
 
-    python benchmarks/mla_decode.py [--sweep] [--out FILE]
+    python benchmarks/mla_decode.py [--sweep [--quick]] [--out FILE]
 
---sweep also times a grid of decode launch configs (heads per program, tile rows, stages, splits) per case,
-to tune mla_decode_config (compiles ~100 kernels: minutes).
+--sweep also times a grid of decode launch configs (heads per program, tile rows, warps, stages, splits, and
+the decode kernel's prefetch / f8_bits switches) per case, to tune mla_decode_config (compiles ~250 kernels:
+many minutes). --quick: the 64 x 4096 case only and a small grid around the current configs (~70 kernels,
+about 2 minutes), every config listed fastest first per heads and cache dtype.
 
 Timing: attention_decode.gpu_times (interleaved rounds, L2 flushed before each launch, reps queued behind a
 GPU sleep); median of all reps.
@@ -91,25 +93,49 @@ def with_config(q, cache, tables, seq_lens, qsl, seq, block_h, scale=None, **for
     return lambda: launch_mla_decode(q, cache, *meta, seq_lens, qsl, softmax_scale(SCALE), R, scale, out, **cfg)
 
 
-def sweep(q, caches, tables, seq_lens, qsl, seq, nbytes) -> list[str]:
-    """--sweep: a grid of decode launch configs per cache dtype, fastest first (8 lines each)."""
-    lines = []
+def sweep_configs(q, seq, fp8: bool, quick: bool) -> list[dict]:
+    """The --sweep grid for one case and cache dtype: launch settings for with_config.
+
+    Heads per program 16/32/64 (--quick: mla_decode_config's only); tile rows 16/32/64 (--quick at 64 heads per
+    program: 32/64, 16 was far behind in the H100 sweep); 4 or 8 warps at 16 heads per program (8 leaves the
+    fp8 paths without register spills, ptxas), else 8; the split count with_config picks and twice that (--quick:
+    once). Without prefetch: 1, 2, 3 stages (--quick: 2, 3). With prefetch: 1 stage only, as its loads are left
+    alone by the pipeliner (ptxas: the same code at 1 and 3 stages). f8_bits off and on for fp8.
+    """
+    heads = q.shape[1]
+    default_bh = mla_decode_config(q.shape[0], heads, seq, q.device, q.dtype)["block_h"]
+    variants = [(s, False) for s in ((2, 3) if quick else (1, 2, 3))] + [(1, True)]
+    cfgs = []
+    for bh in (b for b in (16, 32, 64) if b <= triton.next_power_of_2(heads) and (not quick or b == default_bh)):
+        tiles = [(bn, w) for bn in ((32, 64) if quick and bh == 64 else (16, 32, 64))
+                 for w in ((4, 8) if bh == 16 else (8,))]
+        n = pick_splits(q.shape[0] * triton.cdiv(heads, bh), PROGRAMS_PER_SM * num_sms(q.device), triton.cdiv(seq, 256))
+        cfgs += [dict(block_h=bh, block_n=bn, num_warps=w, num_stages=stages, num_splits=n * mult, prefetch=pf,
+                      f8_bits=bits)
+                 for bn, w in tiles for stages, pf in variants for bits in ((False, True) if fp8 else (False,))
+                 for mult in ((1,) if quick else (1, 2))]
+    return cfgs
+
+
+def sweep(q, caches, tables, seq_lens, qsl, seq, nbytes, quick=False) -> list[str]:
+    """--sweep: the grid of sweep_configs per cache dtype, fastest first (8 lines each; --quick: all), then the
+    best fp8 time over the best bf16 time."""
+    lines, best = [], {}
     for dt, (cache, scale) in caches.items():
         fns = {}
-        for bh in (b for b in (16, 32, 64) if b <= triton.next_power_of_2(q.shape[1])):
-            for bn in (16, 32, 64):
-                for stages in (1, 2, 3):
-                    for mult in (1, 2):  # the split count with_config picks, and twice that
-                        n = pick_splits(q.shape[0] * triton.cdiv(q.shape[1], bh), PROGRAMS_PER_SM * num_sms(q.device),
-                                        triton.cdiv(seq, 256))
-                        fns[f"block_h={bh} block_n={bn} stages={stages} splits={n * mult}"] = with_config(
-                            q, cache, tables, seq_lens, qsl, seq, bh, scale, block_n=bn, num_stages=stages,
-                            num_splits=n * mult)
+        for cfg in sweep_configs(q, seq, dt == "fp8", quick):
+            name = " ".join(f"{k.removeprefix('num_')}={int(v)}" for k, v in cfg.items())
+            fns[name] = with_config(q, cache, tables, seq_lens, qsl, seq, scale=scale, **cfg)
         timed, failed = gpu_times(fns, 2, 10)
         ranked = sorted((summary(ts, 2)[0], n) for n, ts in timed.items())
         lines.append(f"  sweep {dt} (fastest first, median of 2 x 10): " + ("" if not failed else
                      f"{len(failed)} configs failed ({', '.join(sorted(set(failed.values())))})"))
-        lines += [f"    {n:48s} {t * 1e3:8.1f} us {nbytes[dt] / (t * 1e-3) / 1e9:6.0f} GB/s" for t, n in ranked[:8]]
+        lines += [f"    {n:72s} {t * 1e3:8.1f} us {nbytes[dt] / (t * 1e-3) / 1e9:6.0f} GB/s"
+                  for t, n in (ranked if quick else ranked[:8])]
+        if ranked:
+            best[dt] = ranked[0][0]
+    if len(best) == 2:
+        lines.append(f"  sweep best fp8 / best bf16: {best['fp8'] / best['bf16']:.2f} (goal <= 0.60)")
     return lines
 
 
@@ -129,6 +155,7 @@ def reference_fn(q, cache, tables, seq_lens, qsl, scale=None):
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", action="store_true", help="also time a grid of decode launch configs")
+    parser.add_argument("--quick", action="store_true", help="with --sweep: the 64 x 4096 case, a small grid")
     report = Report("mla_decode", parser)
     say = report.say
     args = parser.parse_args()
@@ -141,7 +168,7 @@ def main() -> int:
     g = torch.Generator(device=DEVICE).manual_seed(0)
     ones = torch.ones((), device=DEVICE)
     rows = []
-    for b, seq in SHAPES:
+    for b, seq in SHAPES[:1] if args.quick else SHAPES:
         lat, cache, tables = paged_latent(b, seq, g)
         cache8 = cache.to(FP8)
         seq_lens = torch.full((b,), seq, dtype=torch.int32, device=DEVICE)
@@ -186,7 +213,7 @@ def main() -> int:
                     f"{flops / (t * 1e-3) / 1e12:6.1f} TFLOP/s")
             if args.sweep:
                 for line in sweep(q, {"bf16": (cache, None), "fp8": (cache8, ones)}, tables, seq_lens, qsl, seq,
-                                  nbytes):
+                                  nbytes, args.quick):
                     say(line)
             best = {dt: min((t, n) for n, t in med.items() if n.startswith("BLOCK_H") and dt in n) for dt in
                     ("bf16", "fp8") if any(n.startswith("BLOCK_H") and dt in n for n in med)}

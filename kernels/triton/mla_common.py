@@ -37,14 +37,31 @@ def load_latent_tile(cache_ptr, blk, n, n_mask, s_b, s_t, s_d, R, ROPE,
 
 
 @triton.jit
-def attend_latent(q, q_pe, kv, pe, valid, m, den, acc, qk_scale):
+def e4m3_bits_as_f16(x):
+    """e4m3 tile → fp16 tile holding exactly x / 256, by integer ops instead of the F2FP conversion.
+
+    fp16 bits = ((x & 0x7F) << 7) | ((x & 0x80) << 8): e4m3's exponent and mantissa bits (bias 7) land under
+    fp16's (bias 15), a factor 2^-8 for every finite value, subnormals included (a NaN byte turns into +-1.875,
+    so a NaN in the cache does not propagate). Here in two ops: the byte sign-extended to 16 bits, shifted by 7
+    (the sign lands on bits 15 and 14), bit 14 cleared.
+    """
+    x16 = x.to(tl.int8, bitcast=True).to(tl.int16).to(tl.uint16, bitcast=True)
+    return ((x16 << 7) & 0xBF80).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def attend_latent(q, q_pe, kv, pe, valid, m, den, acc, qk_scale, F8_BITS: tl.constexpr = False):
     """One flash-attention step in the log2 domain over a latent tile.
 
     q [M, R_PAD], q_pe [M, PE_PAD] (dot dtype); kv [N, R_PAD], pe [N, PE_PAD] (cache dtype, upcast to the dot
     dtype: exact for fp8); valid [M, N]; m, den [M], acc [M, R_PAD] float32. m starts finite (-1e30) so a row
-    whose keys are all masked in a tile keeps p = 0 instead of NaN.
+    whose keys are all masked in a tile keeps p = 0 instead of NaN. F8_BITS (e4m3 tiles): upcast by
+    e4m3_bits_as_f16, so the caller multiplies qk_scale and the final acc by 256 (exact: a power of two).
     """
     dot_dtype = q.dtype
+    if F8_BITS:
+        kv = e4m3_bits_as_f16(kv)
+        pe = e4m3_bits_as_f16(pe)
     kv = kv.to(dot_dtype)
     s = tl.dot(q, tl.trans(kv), input_precision="ieee")
     s = tl.dot(q_pe, tl.trans(pe.to(dot_dtype)), s, input_precision="ieee")

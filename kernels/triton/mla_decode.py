@@ -16,6 +16,18 @@ fp8 (e4m3) caches: dequantised by the per-tensor scale on the logits and on the 
 With bf16 queries the dots then run in fp16 (e4m3 -> fp16 is one conversion, -> bf16 two; fp16 holds e4m3
 exactly), the query pre-scaled by softmax_scale * log2(e) to stay in fp16's range (attention_decode measured
 this on the H100).
+
+Two launch options, meant for fp8 caches (both exact; the H100 sweep decides, benchmarks/mla_decode.py --sweep):
+  PREFETCH: the next latent tile is loaded into registers at the top of each iteration, before the dots on the
+    current one (its page ids one tile earlier still), so its global loads are in flight during the dots. At
+    16 heads per program (mma.sync dots) Triton's pipeliner leaves the e4m3 tile a plain load inside the
+    iteration, converted twice (once per dot layout; only the rope part is copied ahead): the fp8 time was
+    the same at 1, 2 and 3 stages, above the bf16 time for half the bytes. Prefetched, it is converted once
+    and stored to shared memory as fp16 for both dots. The price is the registers of a tile in flight
+    (ptxas, sm_90: at 4 warps 32-row tiles spill, 8 warps do not; at 64 heads per program, where the
+    pipeliner does copy the e4m3 tile ahead, it adds to the fp8 path's spills).
+  F8_BITS: e4m3 -> fp16 by integer ops that yield value / 256 (mla_common.e4m3_bits_as_f16) instead of the
+    F2FP conversion; the 2^8 goes back on the logits' scale and on the output.
 """
 
 from __future__ import annotations
@@ -40,6 +52,7 @@ def _mla_decode_kernel(
     sq_t, sq_h, sq_d, so_t, so_h, so_d, s_b, s_t, s_d,
     BLOCK_SIZE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, R_PAD: tl.constexpr,
     PE_PAD: tl.constexpr, HAS_SCALE: tl.constexpr, SPLIT: tl.constexpr, DOT_F16: tl.constexpr,
+    PREFETCH: tl.constexpr, F8_BITS: tl.constexpr,
 ):
     hg = tl.program_id(0)
     split = tl.program_id(1)
@@ -63,22 +76,39 @@ def _mla_decode_kernel(
         qk = 1.0
     if HAS_SCALE:
         qk = qk * tl.load(scale_ptr).to(tl.float32)
+    if F8_BITS:  # the tiles come as e4m3 / 256
+        qk = qk * 256.0
     m = tl.full([BLOCK_H], -1.0e30, tl.float32)
     den = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, R_PAD], tl.float32)
     pages = kv_indices_ptr + tl.load(kv_indptr_ptr + seq).to(tl.int64)
     n = start + tl.arange(0, BLOCK_N)
     blk = load_block_ids(pages, 1, n, n < end, BLOCK_SIZE)
-    for n0 in range(start, end, BLOCK_N):
-        n = n0 + tl.arange(0, BLOCK_N)
-        n_mask = n < end
-        # page ids one tile ahead (see attention_common.load_block_ids: keeps the pipeliner's buffers)
-        blk_next = load_block_ids(pages, 1, n + BLOCK_N, n + BLOCK_N < end, BLOCK_SIZE)
-        kv, pe = load_latent_tile(cache_ptr, blk, n, n_mask, s_b, s_t, s_d, R, ROPE, BLOCK_SIZE, R_PAD, PE_PAD)
-        m, den, acc = attend_latent(q, q_pe, kv, pe, n_mask[None, :], m, den, acc, qk)
-        blk = blk_next
+    if PREFETCH:  # latent tile i + 1 in flight in registers while tile i is used; page ids of i + 2 meanwhile
+        kv, pe = load_latent_tile(cache_ptr, blk, n, n < end, s_b, s_t, s_d, R, ROPE, BLOCK_SIZE, R_PAD, PE_PAD)
+        blk = load_block_ids(pages, 1, n + BLOCK_N, n + BLOCK_N < end, BLOCK_SIZE)
+        for n0 in range(start, end, BLOCK_N):
+            n = n0 + tl.arange(0, BLOCK_N)
+            n1 = n + BLOCK_N
+            # blk: tile i + 1's pages, loaded one iteration ago, so tile i + 1's loads wait for nothing
+            blk_next = load_block_ids(pages, 1, n1 + BLOCK_N, n1 + BLOCK_N < end, BLOCK_SIZE)
+            kv_next, pe_next = load_latent_tile(cache_ptr, blk, n1, n1 < end, s_b, s_t, s_d, R, ROPE, BLOCK_SIZE,
+                                                R_PAD, PE_PAD)
+            m, den, acc = attend_latent(q, q_pe, kv, pe, (n < end)[None, :], m, den, acc, qk, F8_BITS)
+            kv, pe, blk = kv_next, pe_next, blk_next
+    else:
+        for n0 in range(start, end, BLOCK_N):
+            n = n0 + tl.arange(0, BLOCK_N)
+            n_mask = n < end
+            # page ids one tile ahead (see attention_common.load_block_ids: keeps the pipeliner's buffers)
+            blk_next = load_block_ids(pages, 1, n + BLOCK_N, n + BLOCK_N < end, BLOCK_SIZE)
+            kv, pe = load_latent_tile(cache_ptr, blk, n, n_mask, s_b, s_t, s_d, R, ROPE, BLOCK_SIZE, R_PAD, PE_PAD)
+            m, den, acc = attend_latent(q, q_pe, kv, pe, n_mask[None, :], m, den, acc, qk, F8_BITS)
+            blk = blk_next
     if HAS_SCALE:
         acc = acc * tl.load(scale_ptr).to(tl.float32)
+    if F8_BITS:
+        acc = acc * 256.0
     o = acc / tl.where(den > 0, den, 1.0)[:, None]
     c = tl.arange(0, R_PAD)
     o_mask = h_mask[:, None] & (c < R)[None, :]
@@ -98,7 +128,8 @@ MAX_HEADS_PER_PROGRAM = 64  # [64, 512] float32 accumulator: 128 registers a thr
 
 
 def mla_decode_config(num_seqs: int, num_heads: int, max_seq_len: int, device, query_dtype=torch.bfloat16) -> dict:
-    """Heads per program, tile, warps, stages and split count (sweep: benchmarks/mla_decode.py --sweep).
+    """Heads per program, tile, warps, stages, split count and the fp8 options (sweep: benchmarks/mla_decode.py
+    --sweep; prefetch and f8_bits off: not yet measured).
 
     float32 queries (parity tests) take 16 heads and 16-row tiles: IEEE fp32 dots need twice the registers.
     16-bit queries, from the H100 sweep (latent 512 + 64, B x L 64 x 4096 / 128 x 2048 / 16 x 16384, bf16 and fp8
@@ -121,7 +152,8 @@ def mla_decode_config(num_seqs: int, num_heads: int, max_seq_len: int, device, q
     warps = 4 if block_h <= 16 else 8
     programs = num_seqs * triton.cdiv(num_heads, block_h)
     splits = pick_splits(programs, PROGRAMS_PER_SM * num_sms(device), triton.cdiv(max(max_seq_len, 1), 256))
-    return dict(block_h=block_h, block_n=block_n, num_warps=warps, num_stages=stages, num_splits=splits)
+    return dict(block_h=block_h, block_n=block_n, num_warps=warps, num_stages=stages, num_splits=splits,
+                prefetch=False, f8_bits=False)
 
 
 @functools.cache
@@ -133,8 +165,13 @@ def shared_memory(device: torch.device) -> int:
 
 
 def launch_mla_decode(query, cache, kv_indptr, kv_indices, seq_lens, query_start_loc, qk_scale, kv_lora_rank,
-                      cache_scale, out, block_h, block_n, num_warps, num_stages, num_splits) -> None:
-    """Run the decode kernel (+ merge) for the one-token sequences of the batch; arguments pre-checked."""
+                      cache_scale, out, block_h, block_n, num_warps, num_stages, num_splits, prefetch=False,
+                      f8_bits=False) -> None:
+    """Run the decode kernel (+ merge) for the one-token sequences of the batch; arguments pre-checked.
+
+    prefetch: the next latent tile loaded into registers ahead of the dots (any cache dtype); f8_bits: the
+    integer e4m3 -> fp16 upcast (fp8 caches only, ignored for others). See the module docstring.
+    """
     num_seqs = seq_lens.shape[0]
     _, heads, width = query.shape
     r_pad = pow2(kv_lora_rank, 16)
@@ -151,7 +188,8 @@ def launch_mla_decode(query, cache, kv_indptr, kv_indices, seq_lens, query_start
         *query.stride(), *out.stride(), *cache.stride(),
         BLOCK_SIZE=cache.shape[1], BLOCK_H=block_h, BLOCK_N=block_n, R_PAD=r_pad,
         PE_PAD=pow2(width - kv_lora_rank, 16), HAS_SCALE=scaled, SPLIT=split,
-        DOT_F16=cache.dtype.itemsize == 1 and query.dtype == torch.bfloat16,
+        DOT_F16=cache.dtype.itemsize == 1 and query.dtype == torch.bfloat16, PREFETCH=prefetch,
+        F8_BITS=f8_bits and cache.dtype == torch.float8_e4m3fn,
         num_warps=num_warps, num_stages=num_stages,
     )
     if split:

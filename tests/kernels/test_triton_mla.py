@@ -5,7 +5,9 @@ GPU tests (marked gpu) run the compiled kernels on CUDA; test_kernels_under_the_
 at tiny shapes on CPU tensors through Triton's interpreter in a subprocess (fp32 and fp16 queries only: the
 interpreter of triton 3.6 multiplies bf16 tiles as raw int16 bits, rounds float32 -> bf16 stores by truncation
 where the GPU rounds to nearest (stored bf16 rows are compared within one unit there) and gets float32 -> fp8
-stores wrong (1.96 -> 1.0), so the fp8 cache write is checked on the GPU only).
+stores wrong (1.96 -> 1.0), so the fp8 cache write is checked on the GPU only). The decode kernel's prefetch and
+f8_bits switches run there over fp32 caches (fp32 queries) and fp8 caches (fp16 queries; on the GPU bf16 ones),
+f8_bits giving the native upcast's bits.
 """
 
 from __future__ import annotations
@@ -13,13 +15,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytest.importorskip("triton")
+triton = pytest.importorskip("triton")
+import triton.language as tl  # noqa: E402
 
 from atom_kernels import reference as ref  # noqa: E402  (after the triton skip)
 from atom_kernels.reference.mla import MLA_BUFFERS_KEY, MLADecodeMetadata, mla_decode_buffers  # noqa: E402
 from atom_kernels.triton.attention_common import softmax_scale  # noqa: E402
 from atom_kernels.triton.mla import mla_attention  # noqa: E402
 from atom_kernels.triton.mla_cache import write_latent_cache  # noqa: E402
+from atom_kernels.triton.mla_common import e4m3_bits_as_f16  # noqa: E402
 from atom_kernels.triton.mla_decode import launch_mla_decode  # noqa: E402
 from atom_kernels.triton.mla_kv_indices import mla_kv_indices  # noqa: E402
 from tests.interpreter import run_under_interpreter  # noqa: E402
@@ -165,18 +169,62 @@ def test_every_decode_config(block_h, splits):
                             splits)
 
 
-def check_decode_config(seqs, heads, r, rope, dtype, device, block_h, block_n, warps, splits):
-    """The decode kernel (+ merge) with a launch config forced, whatever mla_decode_config would pick."""
-    q, cache, tables, seq_lens, qsl, _ = mla_batch(seqs, heads, r, rope, 16, dtype, dtype, device)
+@pytest.mark.gpu
+@pytest.mark.parametrize("prefetch, f8_bits", [(True, False), (False, True), (True, True)], ids=str)
+@pytest.mark.parametrize("block_h, block_n, warps", [(16, 32, 4), (16, 64, 8), (64, 32, 8), (64, 64, 8)], ids=str)
+def test_decode_prefetch_and_f8_bits(block_h, block_n, warps, prefetch, f8_bits):
+    """The decode kernel's switches on bf16 and fp8 caches, split or not; f8_bits gives the same bits as the
+    native upcast (it only moves a power of two from the tiles to the scales)."""
+    for cache_dtype in (BF16, FP8) if prefetch else (FP8,):  # f8_bits is for fp8 caches only
+        for splits in (1, 3):
+            got = check_decode_config(DECODES, 128, 512, 64, BF16, "cuda", block_h, block_n, warps, splits,
+                                      cache_dtype, prefetch=prefetch, f8_bits=f8_bits)
+            if f8_bits and cache_dtype == FP8:
+                native = check_decode_config(DECODES, 128, 512, 64, BF16, "cuda", block_h, block_n, warps, splits,
+                                             cache_dtype, prefetch=prefetch)
+                assert torch.equal(got, native)
+
+
+@pytest.mark.gpu
+def test_e4m3_bits_as_f16_is_exact():
+    check_e4m3_bits("cuda")
+
+
+def check_decode_config(seqs, heads, r, rope, dtype, device, block_h, block_n, warps, splits, cache_dtype=None,
+                        **switches):
+    """The decode kernel (+ merge) with a launch config (and the prefetch / f8_bits switches) forced, whatever
+    mla_decode_config would pick; returns its output."""
+    cache_dtype = cache_dtype or dtype
+    scale = torch.tensor(0.7) if cache_dtype == FP8 else None
+    q, cache, tables, seq_lens, qsl, cs = mla_batch(seqs, heads, r, rope, 16, dtype, cache_dtype, device, scale=scale)
     meta = MLADecodeMetadata(torch.empty(len(seqs) + 1, dtype=torch.int32, device=device),
                                  torch.empty(tables.numel(), dtype=torch.int32, device=device))
     mla_kv_indices(tables, seq_lens, 16, *meta)
     out = q.new_empty(q.shape[0], heads, r)
     sm = (r + rope) ** -0.5
-    launch_mla_decode(q, cache, *meta, seq_lens, qsl, softmax_scale(sm), r, None, out, block_h, block_n, warps, 2,
-                      splits)
-    want = ref.mla_attention(*(a.cpu() for a in (q, cache, tables, seq_lens, qsl)), sm, r)
-    torch.testing.assert_close(out.cpu(), want, **TOL[dtype])
+    launch_mla_decode(q, cache, *meta, seq_lens, qsl, softmax_scale(sm), r, cs, out, block_h, block_n, warps, 2,
+                      splits, **switches)
+    want = ref.mla_attention(*(a.cpu() for a in (q, cache, tables, seq_lens, qsl)), sm, r,
+                             None if cs is None else cs.cpu())
+    torch.testing.assert_close(out.cpu(), want, **TOL[BF16 if cache_dtype == FP8 else dtype])
+    return out
+
+
+@triton.jit
+def _e4m3_bits_kernel(x_ptr, out_ptr):
+    i = tl.arange(0, 256)
+    tl.store(out_ptr + i, e4m3_bits_as_f16(tl.load(x_ptr + i)))
+
+
+def check_e4m3_bits(device):
+    """Every e4m3 byte: e4m3_bits_as_f16 gives exactly value / 256 (the NaNs 0x7f and 0xff give +-1.875)."""
+    x = torch.arange(256).to(torch.uint8).view(FP8)
+    out = torch.empty(256, dtype=F16, device=device)
+    _e4m3_bits_kernel[(1,)](x.to(device), out)
+    got, v = out.cpu().float(), x.float()
+    finite = v.isfinite()
+    assert torch.equal(got[finite], v[finite] / 256)
+    assert got[~finite].tolist() == [1.875, -1.875]
 
 
 @pytest.mark.gpu
@@ -288,6 +336,14 @@ def interpreter_checks() -> None:
     check_mla(mixed, 4, 32, 16, 4, F16, "cpu", cache_dtype=FP8, seed=3)
     for block_h, splits in ((16, 1), (16, 3), (32, 8)):  # the split + merge path, some splits empty
         check_decode_config(small, 20, 32, 16, F32, "cpu", block_h, 16, 4, splits)
+    check_e4m3_bits("cpu")
+    # the decode kernel's switches (1 split: up to 3 tiles a sequence); f8_bits gives the native upcast's bits
+    for splits in (1, 3):
+        check_decode_config(small, 20, 32, 16, F32, "cpu", 16, 16, 4, splits, prefetch=True)
+    for prefetch in (False, True):
+        native = check_decode_config(small, 20, 32, 16, F16, "cpu", 16, 16, 4, 1, FP8, prefetch=prefetch)
+        bits = check_decode_config(small, 20, 32, 16, F16, "cpu", 16, 16, 4, 1, FP8, prefetch=prefetch, f8_bits=True)
+        assert torch.equal(bits, native)
     print("interpreter checks passed")
 
 
