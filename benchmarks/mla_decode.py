@@ -84,7 +84,7 @@ def with_config(q, cache, tables, seq_lens, qsl, seq, block_h, scale=None, **for
     """Our decode kernel with BLOCK_H (and any other launch setting) forced; the rest as mla_decode_config picks
     them, the split count for the number of head groups."""
     meta = mla_decode_metadata(tables, seq_lens, BLOCK)
-    cfg = mla_decode_config(q.shape[0], q.shape[1], seq, q.device, q.dtype)
+    cfg = mla_decode_config(q.shape[0], q.shape[1], seq, q.device, q.dtype, cache.dtype)
     programs = q.shape[0] * triton.cdiv(q.shape[1], block_h)
     splits = pick_splits(programs, PROGRAMS_PER_SM * num_sms(q.device), triton.cdiv(seq, 256))
     cfg.update(block_h=block_h, num_warps=4 if block_h <= 16 else 8, num_splits=splits)

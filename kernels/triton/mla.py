@@ -64,7 +64,8 @@ def mla_attention(query, cache, block_tables, seq_lens, query_start_loc, scale, 
     if run_decode:
         meta = mla_decode_metadata(block_tables, seq_lens, cache.shape[1], plan_cache)
         longest = max_seq_len if max_seq_len is not None else block_tables.shape[1] * cache.shape[1]
-        cfg = mla_decode_config(seq_lens.shape[0], query.shape[1], longest, query.device, query.dtype)
+        cfg = mla_decode_config(seq_lens.shape[0], query.shape[1], longest, query.device, query.dtype,
+                                cache.dtype)
         launch_mla_decode(query, cache, *meta, seq_lens, query_start_loc, qk_scale, kv_lora_rank, cache_scale,
                           out, **cfg)
     return out

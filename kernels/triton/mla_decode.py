@@ -127,22 +127,27 @@ PROGRAMS_PER_SM = 2
 MAX_HEADS_PER_PROGRAM = 64  # [64, 512] float32 accumulator: 128 registers a thread at 8 warps
 
 
-def mla_decode_config(num_seqs: int, num_heads: int, max_seq_len: int, device, query_dtype=torch.bfloat16) -> dict:
+def mla_decode_config(num_seqs: int, num_heads: int, max_seq_len: int, device, query_dtype=torch.bfloat16,
+                      cache_dtype: torch.dtype | None = None) -> dict:
     """Heads per program, tile, warps, stages, split count and the fp8 options (sweep: benchmarks/mla_decode.py
-    --sweep; prefetch and f8_bits off: not yet measured).
+    --sweep). cache_dtype: the latent cache's (None: the query's).
 
     float32 queries (parity tests) take 16 heads and 16-row tiles: IEEE fp32 dots need twice the registers.
     16-bit queries, from the H100 sweep (latent 512 + 64, B x L 64 x 4096 / 128 x 2048 / 16 x 16384, bf16 and fp8
-    caches): up to 16 heads, 32-row tiles 3 stages deep (bf16 118 vs 147 us at 2 stages: 0.85 of copy bandwidth;
-    fp8 the same either way); 64 heads, 64-row tiles 2 deep (bf16 369 vs 464 us, fp8 523 vs 813 us for 32-row
-    tiles), which need ~220 KB of shared memory: where the GPU has less, and at 32 heads (not swept), 32-row tiles
-    2 deep as before.
+    caches): up to 16 heads, 32-row tiles 3 stages deep (bf16 118 vs 147 us at 2 stages: 0.85 of copy bandwidth);
+    with an e4m3 cache there, the prefetched tile and the integer upcast (module docstring; 64 x 4096: 130 vs
+    144 us, either alone 134-148 us); 64 heads, 64-row tiles 2 deep (bf16 369 vs 464 us, fp8 523 vs 813 us for
+    32-row tiles; prefetch and f8_bits gain nothing there), which need ~220 KB of shared memory: where the GPU has
+    less, and at 32 heads (not swept), 32-row tiles 2 deep as before.
     """
     fp32 = query_dtype == torch.float32
     block_h = min(pow2(num_heads, 16), 16 if fp32 else MAX_HEADS_PER_PROGRAM)
     smem = shared_memory(device)
+    fp8_prefetch = not fp32 and block_h <= 16 and cache_dtype == torch.float8_e4m3fn
     if fp32:
         block_n, stages = 16, 1
+    elif fp8_prefetch:
+        block_n, stages = 32, 1  # the prefetch is the pipeline (the compiled code is the same at 3 stages)
     elif block_h <= 16:
         block_n, stages = 32, 3 if smem >= 160 << 10 else 2
     elif block_h == 64 and smem >= 220 << 10:
@@ -153,7 +158,7 @@ def mla_decode_config(num_seqs: int, num_heads: int, max_seq_len: int, device, q
     programs = num_seqs * triton.cdiv(num_heads, block_h)
     splits = pick_splits(programs, PROGRAMS_PER_SM * num_sms(device), triton.cdiv(max(max_seq_len, 1), 256))
     return dict(block_h=block_h, block_n=block_n, num_warps=warps, num_stages=stages, num_splits=splits,
-                prefetch=False, f8_bits=False)
+                prefetch=fp8_prefetch, f8_bits=fp8_prefetch)
 
 
 @functools.cache
