@@ -96,6 +96,13 @@ def register(op: str, backend: str, target: str | None, device_type: str | None 
     return previous
 
 
+def host_kernel(op: str) -> tuple[str, str] | None:
+    """(target, device type) of the "host" kernel registered for `op`, or None: what a caller that replaces it
+    passes back to register() to put it back."""
+    target = _IMPLS[op].get("host")
+    return None if target is None else (target, _HOST_DEVICE[op])
+
+
 def reset() -> None:
     """Forget every choice made so far (after register() or a change of ATOM_KERNEL_BACKEND)."""
     _load.cache_clear()

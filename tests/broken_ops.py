@@ -95,7 +95,7 @@ def broken(name: str, device_type: str = "cuda" if torch.cuda.is_available() els
     try:
         for op, fn in ALL_BREAKS[name]:
             target = f"{__name__}:{fn.__name__}"
-            restore.append((op, "host", dispatch._IMPLS[op].get("host"), dispatch._HOST_DEVICE.get(op)))
+            restore.append((op, "host", *(dispatch.host_kernel(op) or (None, None))))
             dispatch.register(op, "host", target, device_type=device_type)
             restore.append((op, "torch", dispatch.register(op, "torch", target), None))  # traced calls
         yield

@@ -58,8 +58,7 @@ def no_host_kernels():
     atom_frontends.native.cpu_linear); put back afterwards."""
     from atom_kernels import dispatch
 
-    saved = {op: (dispatch._IMPLS[op]["host"], dispatch._HOST_DEVICE[op]) for op in dispatch.OPS
-             if "host" in dispatch._IMPLS[op]}
+    saved = {op: dispatch.host_kernel(op) for op in dispatch.OPS if dispatch.host_kernel(op)}
     for op in saved:
         dispatch.register(op, "host", None)
     yield

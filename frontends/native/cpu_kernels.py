@@ -39,7 +39,7 @@ def register_host_kernels(device: torch.device) -> None:
     if device.type != "cpu":
         return
     for op, target in HOST_KERNELS.items():
-        if dispatch._IMPLS[op].get("host") is None:
+        if dispatch.host_kernel(op) is None:
             dispatch.register(op, "host", target, device_type="cpu")
 
 

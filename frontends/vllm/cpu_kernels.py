@@ -50,7 +50,7 @@ def register_host_kernels() -> None:
     if not current_platform.is_cpu():
         return
     for op, target in HOST_KERNELS.items():
-        if dispatch._IMPLS[op].get("host") != target:
+        if dispatch.host_kernel(op) != (target, "cpu"):
             dispatch.register(op, "host", target, device_type="cpu")
 
 
