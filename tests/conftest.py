@@ -58,7 +58,7 @@ def no_host_kernels():
     atom_frontends.native.cpu_linear); put back afterwards."""
     from atom_kernels import dispatch
 
-    saved = {op: dispatch.host_kernel(op) for op in dispatch.OPS if dispatch.host_kernel(op)}
+    saved = {op: kernel for op in dispatch.OPS if (kernel := dispatch.host_kernel(op))}
     for op in saved:
         dispatch.register(op, "host", None)
     yield

@@ -121,9 +121,11 @@ class AttentionForVllm(nn.Module, AttentionLayerBase):
         self.register_buffer("_k_scale", torch.ones((), dtype=torch.float32), persistent=False)
         self.register_buffer("_v_scale", torch.ones((), dtype=torch.float32), persistent=False)
         # Qwen3's q/k norm + rotary fused into our K/V write (forward_qk_norm_rope), wherever atom_kernels own the
-        # cache's page format; not where vLLM's CPU kernels write and read the pages (cpu_kernels.py).
+        # cache's page format; not where vLLM's CPU kernels write and read the pages (cpu_kernels.py), nor for a
+        # latent (MLA) cache, which has no per-head K to norm.
         device_type = current_platform.device_type
-        self.fuses_qk_norm_rope = all(dispatch.backend_for(op, device_type) != "host" for op in FULL_ATTENTION_OPS)
+        self.fuses_qk_norm_rope = not spec.is_mla and all(
+            dispatch.backend_for(op, device_type) != "host" for op in FULL_ATTENTION_OPS)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor | None, value: torch.Tensor | None) -> torch.Tensor:
         """query [T, heads*d], key/value [T, kv_heads*d] (None: already in the cache) → [T, heads*d]"""

@@ -48,6 +48,17 @@ def split_kv_cache(kv_cache: torch.Tensor, head_dim: int) -> tuple[torch.Tensor,
     return kv_cache[..., :head_dim].transpose(1, 2), kv_cache[..., head_dim:].transpose(1, 2)
 
 
+def real_rows(query: torch.Tensor, md: AttentionMetadata, output: torch.Tensor) -> int:
+    """The step's real token rows n (the metadata's); vLLM's padding rows beyond them get zeros in output."""
+    n = md.num_tokens
+    if query.shape[0] < n:
+        raise ValueError(f"attention got {query.shape[0]} query rows for a batch of {n} tokens; vLLM "
+                         f"pads a step's rows, never drops them: the metadata is not this step's")
+    if query.shape[0] > n:
+        output[n:].zero_()
+    return n
+
+
 def warm_up_once(impl, caches: tuple[torch.Tensor, ...], dtype: torch.dtype, k_scale, v_scale) -> None:
     """The layer's attention warm-up (kernel_warmup) on its first call with a bound cache outside a graph
     capture: vLLM binds caches after building the model, then runs its warm-up batches and the piecewise
@@ -90,7 +101,7 @@ class AtomAttentionImpl(AttentionImpl[AttentionMetadata]):
         their output rows are zeros."""
         if output_scale is not None or output_block_scale is not None:
             raise NotImplementedError("atom-core attention does not fuse output quantization")
-        n = self._real_rows(query, attn_metadata, output)
+        n = real_rows(query, attn_metadata, output)
         query = query[:n]  # views of the real rows: no copy, no device sync
         key, value = (None, None) if key is None else (key[:n], value[:n])
         k_cache, v_cache, k_scale, v_scale = self._caches(layer, kv_cache, query.dtype)
@@ -104,22 +115,11 @@ class AtomAttentionImpl(AttentionImpl[AttentionMetadata]):
         """forward with Qwen3's q/k norm + rotary fused into the K/V write (qk_norm_rope_attention_forward):
         positions [T], query [T, heads, d], key/value [T, kv_heads, d], output [T, heads*d]; padding rows as in
         forward."""
-        n = self._real_rows(query, attn_metadata, output)
+        n = real_rows(query, attn_metadata, output)
         k_cache, v_cache, k_scale, v_scale = self._caches(layer, kv_cache, query.dtype)
         qk_norm_rope_attention_forward(self.spec, positions[:n], query[:n], key[:n], value[:n], norm_rope,
                                        k_cache, v_cache, attn_metadata, k_scale, v_scale, out=output[:n])
         return output
-
-    @staticmethod
-    def _real_rows(query: torch.Tensor, attn_metadata: AttentionMetadata, output: torch.Tensor) -> int:
-        """The step's real token rows n (the metadata's); vLLM's padding rows beyond them get zeros."""
-        n = attn_metadata.num_tokens
-        if query.shape[0] < n:
-            raise ValueError(f"attention got {query.shape[0]} query rows for a batch of {n} tokens; vLLM "
-                             f"pads a step's rows, never drops them: the metadata is not this step's")
-        if query.shape[0] > n:
-            output[n:].zero_()
-        return n
 
     def _caches(self, layer, kv_cache: torch.Tensor, dtype: torch.dtype) -> tuple:
         """(k_cache, v_cache, k_scale, v_scale) of the layer's cache, its attention warmed up on first use."""

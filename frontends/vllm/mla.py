@@ -16,7 +16,7 @@ from vllm.v1.kv_cache_interface import KVCacheSpec, MLAAttentionSpec, get_kv_qua
 from atom_core.forward_context import AttentionMetadata
 from atom_core.layers.attention import AttentionSpec, mla_forward
 from atom_frontends.vllm.attention import AttentionForVllm
-from atom_frontends.vllm.backend import warm_up_once
+from atom_frontends.vllm.backend import real_rows, warm_up_once
 
 
 class AtomMLAImpl:
@@ -30,10 +30,8 @@ class AtomMLAImpl:
                 kv_cache: torch.Tensor, md: AttentionMetadata, output: torch.Tensor) -> torch.Tensor:
         """query [T, heads, r + rope], latent [T, r + rope], output [T, heads, r] (written, returned). Rows past
         the metadata's tokens are vLLM's padding: not written to the cache, their output rows zeros."""
-        n = md.num_tokens
-        if query.shape[0] > n:
-            output[n:].zero_()
-            query, latent = query[:n], None if latent is None else latent[:n]
+        n = real_rows(query, md, output)
+        query, latent = query[:n], None if latent is None else latent[:n]
         cache = kv_cache[:, 0]  # [num_blocks, block_size, r + rope]
         if cache.dtype == torch.uint8:  # vLLM keeps fp8 caches as bytes; ours are e4m3
             cache = cache.view(torch.float8_e4m3fn)
