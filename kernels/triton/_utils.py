@@ -1,9 +1,14 @@
-"""Launcher helpers shared by the Triton ops: argument checks and small size rules."""
+"""Launcher helpers shared by the Triton ops: argument checks, small size rules, programmatic dependent launch."""
 
 from __future__ import annotations
 
+import functools
+import os
+
 import torch
 import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 FP8_DTYPES = (torch.float8_e4m3fn,)
@@ -39,3 +44,32 @@ def check_cache_dtype(cache: torch.Tensor) -> None:
 
 def pow2(n: int, minimum: int = 1) -> int:
     return max(triton.next_power_of_2(int(n)), minimum)
+
+
+@triton.jit
+def pdl_prologue(PDL: tl.constexpr):
+    """First statement of a kernel launched with pdl(): wait until the kernels before it in the stream are done and
+    their writes visible (no load or store may come earlier), then let the next kernel's programs be scheduled.
+
+    Programmatic dependent launch (sm_90+): a decode step is hundreds of short kernels in a row, and without it each
+    one is only set up on the GPU once the one before has drained. With it, the next kernel is launched while this
+    one's last programs still run and waits here, so the launch latency overlaps the tail. Every kernel that waits
+    first is safe behind any kernel; one that is not launched with pdl() waits for the whole kernel before it, as
+    usual."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+
+
+@functools.cache
+def _pdl_capable(index: int) -> bool:
+    return torch.version.cuda is not None and torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def pdl(device: torch.device) -> dict:
+    """Launch keywords for a kernel that starts with pdl_prologue: programmatic dependent launch on NVIDIA GPUs of
+    compute capability 9 and up (switch ATOM_PDL, default 1), off elsewhere (AMD, the interpreter, the CPU)."""
+    if device.type != "cuda" or os.environ.get("ATOM_PDL", "1") == "0" or os.environ.get("TRITON_INTERPRET") == "1":
+        return {"PDL": False}
+    on = _pdl_capable(torch.cuda.current_device() if device.index is None else device.index)
+    return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}

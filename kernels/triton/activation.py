@@ -6,12 +6,13 @@ import torch
 import triton
 import triton.language as tl
 
-from atom_kernels.triton._utils import FLOAT_DTYPES, check, check_dtype, pow2
+from atom_kernels.triton._utils import FLOAT_DTYPES, check, check_dtype, pdl, pdl_prologue, pow2
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, sx_row, D, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(x_ptr, out_ptr, sx_row, D, BLOCK: tl.constexpr, PDL: tl.constexpr):
     # grid (rows, cdiv(D, BLOCK)); out is contiguous [rows, D].
+    pdl_prologue(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < D
@@ -34,5 +35,5 @@ def silu_and_mul(x):
     rows = x2.shape[0]
     if rows and d:
         block = min(pow2(d), 1024)
-        _silu_and_mul_kernel[(rows, triton.cdiv(d, block))](x2, out, x2.stride(0), d, BLOCK=block)
+        _silu_and_mul_kernel[(rows, triton.cdiv(d, block))](x2, out, x2.stride(0), d, BLOCK=block, **pdl(x.device))
     return out

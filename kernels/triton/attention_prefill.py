@@ -21,7 +21,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from atom_kernels.triton._utils import check, pow2
+from atom_kernels.triton._utils import check, pdl, pdl_prologue, pow2
 from atom_kernels.triton.attention_common import attend_tile, load_block_ids, load_kv_tile
 
 
@@ -51,7 +51,9 @@ def _prefill_kernel(
     HEAD_DIM,
     GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, D_PAD: tl.constexpr, HAS_SCALE: tl.constexpr, SKIP_DECODES: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_prologue(PDL)
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
     seq = _find_seq(qsl_ptr, pid, num_seqs, BLOCK_Q)
@@ -143,5 +145,5 @@ def launch_prefill(query, k_cache, v_cache, block_tables, seq_lens, query_start_
         *k_cache.stride(), *v_cache.stride(), head_dim,
         GROUP=group, BLOCK_Q=block_q, BLOCK_SIZE=k_cache.shape[1], BLOCK_M=block_m, BLOCK_N=block_n,
         D_PAD=pow2(head_dim, 16), HAS_SCALE=scaled, SKIP_DECODES=skip_decodes,
-        num_warps=num_warps, num_stages=num_stages,
+        num_warps=num_warps, num_stages=num_stages, **pdl(query.device),
     )

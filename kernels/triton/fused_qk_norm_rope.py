@@ -10,7 +10,16 @@ import torch
 import triton
 import triton.language as tl
 
-from atom_kernels.triton._utils import FLOAT_DTYPES, check, check_dtype, check_same_device, has_scales, pow2
+from atom_kernels.triton._utils import (
+    FLOAT_DTYPES,
+    check,
+    check_dtype,
+    check_same_device,
+    has_scales,
+    pdl,
+    pdl_prologue,
+    pow2,
+)
 from atom_kernels.triton.kv_cache import check_caches, store_kv_row
 from atom_kernels.triton.norm import TL_DTYPES, rms_scale
 from atom_kernels.triton.rotary import apply_rope, check_rope_args, load_cos_sin, rope_offsets
@@ -44,9 +53,10 @@ def _fused_kernel(
     skc_b, skc_t, skc_h, skc_d, svc_b, svc_t, svc_h, svc_d,
     q_heads, kv_heads, HEAD_DIM, HALF, ROT, BLOCK_SIZE,
     Q_DTYPE: tl.constexpr, K_DTYPE: tl.constexpr, QH_PAD: tl.constexpr, KH_PAD: tl.constexpr,
-    D_PAD: tl.constexpr, HAS_SCALE: tl.constexpr,
+    D_PAD: tl.constexpr, HAS_SCALE: tl.constexpr, PDL: tl.constexpr,
 ):
     # One program per token: all query heads → q_out; all key heads (+ value) → the paged caches.
+    pdl_prologue(PDL)
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + t).to(tl.int64)
     d = tl.arange(0, D_PAD)
@@ -92,6 +102,6 @@ def fused_qk_norm_rope_write_kv(positions, query, key, value, q_weight, k_weight
             cos_sin_cache.stride(0), *k_cache.stride(), *v_cache.stride(),
             q_heads, kv_heads, head_dim, rot // 2, rot, k_cache.shape[1],
             Q_DTYPE=TL_DTYPES[q_dtype], K_DTYPE=TL_DTYPES[k_dtype], QH_PAD=pow2(q_heads),
-            KH_PAD=pow2(kv_heads), D_PAD=pow2(head_dim), HAS_SCALE=scaled,
+            KH_PAD=pow2(kv_heads), D_PAD=pow2(head_dim), HAS_SCALE=scaled, **pdl(query.device),
         )
     return q_out

@@ -13,6 +13,8 @@ from atom_kernels.triton._utils import (
     check_dtype,
     check_same_device,
     has_scales,
+    pdl,
+    pdl_prologue,
     pow2,
 )
 
@@ -42,9 +44,10 @@ def _write_kv_kernel(
     sk_t, sk_h, sk_d, sv_t, sv_h, sv_d,
     skc_b, skc_t, skc_h, skc_d, svc_b, svc_t, svc_h, svc_d,
     BLOCK_SIZE, KV_HEADS, HEAD_DIM,
-    KVH_PAD: tl.constexpr, D_PAD: tl.constexpr, HAS_SCALE: tl.constexpr,
+    KVH_PAD: tl.constexpr, D_PAD: tl.constexpr, HAS_SCALE: tl.constexpr, PDL: tl.constexpr,
 ):
     # One program per token: all its KV heads as a [KVH_PAD, D_PAD] tile.
+    pdl_prologue(PDL)
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + t).to(tl.int64)
     if slot < 0:  # padding token
@@ -90,5 +93,5 @@ def write_kv_cache(key, value, k_cache, v_cache, slot_mapping, k_scale=None, v_s
         key, value, k_cache, v_cache, slot_mapping, k_scale if scaled else key, v_scale if scaled else key,
         *key.stride(), *value.stride(), *k_cache.stride(), *v_cache.stride(),
         k_cache.shape[1], kv_heads, head_dim,
-        KVH_PAD=pow2(kv_heads), D_PAD=pow2(head_dim), HAS_SCALE=scaled,
+        KVH_PAD=pow2(kv_heads), D_PAD=pow2(head_dim), HAS_SCALE=scaled, **pdl(key.device),
     )

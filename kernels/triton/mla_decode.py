@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from atom_kernels.triton._utils import pow2
+from atom_kernels.triton._utils import pdl, pow2
 from atom_kernels.triton.attention_common import load_block_ids
 from atom_kernels.triton.attention_decode import _merge_kernel, num_sms, pick_splits
 from atom_kernels.triton.mla_common import attend_latent, load_latent_tile, load_query
@@ -200,5 +200,5 @@ def launch_mla_decode(query, cache, kv_indptr, kv_indices, seq_lens, query_start
     if split:
         _merge_kernel[(num_seqs, heads)](
             query_start_loc, po, plse, out, num_splits, *out.stride(), kv_lora_rank, heads,
-            S_PAD=pow2(num_splits), D_PAD=r_pad,
+            S_PAD=pow2(num_splits), D_PAD=r_pad, **pdl(query.device),
         )

@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from atom_kernels.triton._utils import FLOAT_DTYPES, check, check_dtype, check_same_device, pow2
+from atom_kernels.triton._utils import FLOAT_DTYPES, check, check_dtype, check_same_device, pdl, pdl_prologue, pow2
 
 TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
@@ -22,9 +22,10 @@ def rms_scale(x, w, rstd, X_DTYPE: tl.constexpr, OUT_DTYPE: tl.constexpr):
 def _rms_norm_kernel(
     x_ptr, r_ptr, w_ptr, out_ptr, res_out_ptr, eps,
     sx_a, sx_b, sr_a, sr_b, B, N,
-    BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr, OUT_DTYPE: tl.constexpr,
+    BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr, OUT_DTYPE: tl.constexpr, PDL: tl.constexpr,
 ):
     # One program per row; rows are [A, B] (two leading dims, any strides), the last dim contiguous.
+    pdl_prologue(PDL)
     row = tl.program_id(0).to(tl.int64)
     a, b = row // B, row % B
     offs = tl.arange(0, BLOCK)
@@ -77,6 +78,6 @@ def rms_norm(x, weight, eps, residual=None):
             x3, r3, weight, out, res_out if res_out is not None else out, float(eps),
             x3.stride(0), x3.stride(1), r3.stride(0), r3.stride(1), x3.shape[1], n,
             BLOCK=block, HAS_RESIDUAL=residual is not None, OUT_DTYPE=TL_DTYPES[out_dtype],
-            num_warps=min(max(block // 512, 1), 16),
+            num_warps=min(max(block // 512, 1), 16), **pdl(x.device),
         )
     return out if residual is None else (out, res_out)

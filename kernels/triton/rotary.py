@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from atom_kernels.triton._utils import FLOAT_DTYPES, check, check_dtype, check_same_device, pow2
+from atom_kernels.triton._utils import FLOAT_DTYPES, check, check_dtype, check_same_device, pdl, pdl_prologue, pow2
 from atom_kernels.triton.norm import TL_DTYPES
 
 
@@ -61,9 +61,10 @@ def _rope_heads(x_ptr, o_ptr, t, sx_t, sx_h, heads, cos, sin, d, partner, HEAD_D
 def _rotary_kernel(
     pos_ptr, q_ptr, k_ptr, qo_ptr, ko_ptr, cache_ptr,
     sq_t, sq_h, sk_t, sk_h, s_pos, q_heads, k_heads, HEAD_DIM, HALF, ROT,
-    QH_PAD: tl.constexpr, KH_PAD: tl.constexpr, D_PAD: tl.constexpr,
+    QH_PAD: tl.constexpr, KH_PAD: tl.constexpr, D_PAD: tl.constexpr, PDL: tl.constexpr,
 ):
     # One program per token: all query heads, then all key heads.
+    pdl_prologue(PDL)
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + t).to(tl.int64)
     d = tl.arange(0, D_PAD)
@@ -102,7 +103,7 @@ def rotary(positions, query, key, cos_sin_cache):
             positions, query, key, q_out, k_out, cos_sin_cache,
             query.stride(0), query.stride(1), key.stride(0), key.stride(1), cos_sin_cache.stride(0),
             query.shape[1], key.shape[1], head_dim, rot // 2, rot,
-            QH_PAD=pow2(query.shape[1]), KH_PAD=pow2(key.shape[1]), D_PAD=pow2(head_dim),
+            QH_PAD=pow2(query.shape[1]), KH_PAD=pow2(key.shape[1]), D_PAD=pow2(head_dim), **pdl(query.device),
         )
     return q_out, k_out
 

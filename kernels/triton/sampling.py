@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from atom_kernels.reference.sampling import U_MAX, U_MIN
-from atom_kernels.triton._utils import FLOAT_DTYPES, check, check_dtype, check_same_device, pow2
+from atom_kernels.triton._utils import FLOAT_DTYPES, check, check_dtype, check_same_device, pdl, pdl_prologue, pow2
 from atom_kernels.triton.attention_decode import num_sms
 
 TILE = 512  # Philox counters (4 * TILE tokens) per iteration: 4 per thread with 4 warps
@@ -74,9 +74,10 @@ def _scan(row_ptr, seed, inv_t, first, last, V, V4, SAMPLE: tl.constexpr, TILE: 
 
 @triton.jit(do_not_specialize=["num_chunks"])  # set by N: no variant per batch size
 def _partial_kernel(logits_ptr, stride, temp_ptr, seed_ptr, part_val_ptr, part_idx_ptr, V, V4, per_chunk,
-                    num_chunks, TILE: tl.constexpr):
+                    num_chunks, TILE: tl.constexpr, PDL: tl.constexpr):
     # grid (N, chunks): program (r, c) scans counters [c * per_chunk, (c + 1) * per_chunk) of row r and writes the
     # range's max score and its first token into part_val / part_idx [N, chunks].
+    pdl_prologue(PDL)
     row, chunk = tl.program_id(0), tl.program_id(1)
     row_ptr = logits_ptr + row.to(tl.int64) * stride
     first = chunk * per_chunk
@@ -95,8 +96,9 @@ def _partial_kernel(logits_ptr, stride, temp_ptr, seed_ptr, part_val_ptr, part_i
 
 
 @triton.jit(do_not_specialize=["num_chunks"])
-def _reduce_kernel(part_val_ptr, part_idx_ptr, out_ptr, num_chunks, CHUNKS: tl.constexpr):
+def _reduce_kernel(part_val_ptr, part_idx_ptr, out_ptr, num_chunks, CHUNKS: tl.constexpr, PDL: tl.constexpr):
     # grid (N,): the first token of the row's maximum over its chunks' partials.
+    pdl_prologue(PDL)
     row = tl.program_id(0)
     c = tl.arange(0, CHUNKS)
     ok = c < num_chunks
@@ -135,6 +137,8 @@ def sample_tokens(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.
     part_val = torch.empty(n, chunks, dtype=torch.float32, device=logits.device)
     part_idx = torch.empty(n, chunks, dtype=torch.int32, device=logits.device)
     _partial_kernel[(n, chunks)](logits, logits.stride(0), temperature, seeds, part_val, part_idx, vocab,
-                                 triton.cdiv(vocab, 4), per_chunk, chunks, TILE=TILE, num_warps=4)
-    _reduce_kernel[(n,)](part_val, part_idx, out, chunks, CHUNKS=pow2(chunks, 2), num_warps=1)
+                                 triton.cdiv(vocab, 4), per_chunk, chunks, TILE=TILE, num_warps=4,
+                                 **pdl(logits.device))
+    _reduce_kernel[(n,)](part_val, part_idx, out, chunks, CHUNKS=pow2(chunks, 2), num_warps=1,
+                         **pdl(logits.device))
     return out
