@@ -34,10 +34,10 @@ from atom_kernels.triton.attention_common import attend_tile, load_block_ids, lo
 # Not specialized: window (a compile-time 1 would turn the mask logic into Python bools), and what changes step
 # to step (num_splits, the block table's row stride, the addresses of slices of the host's step buffers), which
 # Triton would otherwise compile a variant for per value equal to 1 / divisible by 16 or per 16-byte alignment.
-@triton.jit(do_not_specialize=["window", "num_splits", "split_len", "s_bt", "qsl_ptr", "seq_lens_ptr", "bt_ptr"])
+@triton.jit(do_not_specialize=["window", "num_splits", "s_bt", "qsl_ptr", "seq_lens_ptr", "bt_ptr"])
 def _decode_kernel(
     q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, k_scale_ptr, v_scale_ptr, out_ptr, po_ptr, plse_ptr,
-    qk_scale, window, num_splits, split_len,
+    qk_scale, window, num_splits,
     sq_t, sq_h, sq_d, so_t, so_h, so_d, s_bt, s_btc,
     skc_b, skc_t, skc_h, skc_d, svc_b, svc_t, svc_h, svc_d,
     HEAD_DIM, GROUP, NUM_HEADS,
@@ -54,9 +54,7 @@ def _decode_kernel(
     seq_len = tl.load(seq_lens_ptr + seq)
     # The query at position seq_len - 1 sees keys >= seq_len - window (window 0: all keys).
     lo = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
-    # split_len > 0 (a multiple of BLOCK_N): splits of that many keys, the even split only where the grid has too
-    # few of them (a stale max_seq_len hint); programs past a sequence's last split store an empty partial.
-    chunk = tl.maximum(tl.cdiv(tl.cdiv(seq_len - lo, num_splits), BLOCK_N) * BLOCK_N, split_len)
+    chunk = tl.cdiv(tl.cdiv(seq_len - lo, num_splits), BLOCK_N) * BLOCK_N
     start = lo + split * chunk
     end = tl.minimum(start + chunk, seq_len)
 
@@ -190,7 +188,7 @@ def pick_splits(programs: int, slots: int, max_splits: int) -> int:
 
 def launch_decode(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, qk_scale, window,
                   k_scale, v_scale, out, num_splits, block_n, num_warps, num_stages, v_regs=False,
-                  f16_dots=True, maxnreg=None, split_len=0) -> None:
+                  f16_dots=True, maxnreg=None) -> None:
     """Run the decode kernel (+ merge) for the one-token sequences of the batch; arguments pre-checked.
 
     v_regs: V tiles through registers (see the module docstring; meant for fp8 caches). f16_dots=False keeps
@@ -210,7 +208,7 @@ def launch_decode(query, k_cache, v_cache, block_tables, seq_lens, query_start_l
     _decode_kernel[(num_seqs, kv_heads, num_splits)](
         query, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
         k_scale if scaled else query, v_scale if scaled else query, out, po, plse,
-        qk_scale, window, num_splits, split_len, *query.stride(), *out.stride(), *block_tables.stride(),
+        qk_scale, window, num_splits, *query.stride(), *out.stride(), *block_tables.stride(),
         *k_cache.stride(), *v_cache.stride(), head_dim, group, heads,
         BLOCK_SIZE=k_cache.shape[1], G_PAD=pow2(group, 16), D_PAD=pow2(head_dim, 16), BLOCK_N=block_n,
         HAS_SCALE=scaled, SPLIT=split, V_REGS=v_regs,

@@ -9,7 +9,16 @@ import torch
 import triton
 import triton.language as tl
 
-from atom_kernels.triton._utils import FLOAT_DTYPES, check, check_cache_dtype, check_dtype, check_same_device, pow2
+from atom_kernels.triton._utils import (
+    FLOAT_DTYPES,
+    check,
+    check_cache_dtype,
+    check_dtype,
+    check_same_device,
+    pdl,
+    pdl_prologue,
+    pow2,
+)
 
 ROWS_PER_PROGRAM = 4  # tokens per program: a 576-wide row is 1.1 KB in bf16, too little work for one program
 
@@ -19,8 +28,9 @@ def _write_latent_kernel(
     x_ptr, cache_ptr, slot_ptr, scale_ptr, num_tokens,
     sx_t, sx_d, sc_b, sc_t, sc_d,
     BLOCK_SIZE, WIDTH,
-    ROWS: tl.constexpr, D_PAD: tl.constexpr, HAS_SCALE: tl.constexpr,
+    ROWS: tl.constexpr, D_PAD: tl.constexpr, HAS_SCALE: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_prologue(PDL)
     t = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     t_mask = t < num_tokens
     slot = tl.load(slot_ptr + t, mask=t_mask, other=-1).to(tl.int64)
@@ -64,5 +74,5 @@ def write_latent_cache(latent, cache, slot_mapping, scale=None) -> None:
     _write_latent_kernel[(triton.cdiv(t, ROWS_PER_PROGRAM),)](
         latent, cache, slot_mapping, latent if scale is None else scale, t,
         *latent.stride(), *cache.stride(), cache.shape[1], width,
-        ROWS=ROWS_PER_PROGRAM, D_PAD=pow2(width, 16), HAS_SCALE=scale is not None,
+        ROWS=ROWS_PER_PROGRAM, D_PAD=pow2(width, 16), HAS_SCALE=scale is not None, **pdl(latent.device),
     )

@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from atom_kernels.triton._utils import pdl, pow2
+from atom_kernels.triton._utils import pdl, pdl_prologue, pow2
 from atom_kernels.triton.attention_common import load_block_ids
 from atom_kernels.triton.attention_decode import _merge_kernel, num_sms, pick_splits
 from atom_kernels.triton.mla_common import attend_latent, load_latent_tile, load_query
@@ -52,8 +52,9 @@ def _mla_decode_kernel(
     sq_t, sq_h, sq_d, so_t, so_h, so_d, s_b, s_t, s_d,
     BLOCK_SIZE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, R_PAD: tl.constexpr,
     PE_PAD: tl.constexpr, HAS_SCALE: tl.constexpr, SPLIT: tl.constexpr, DOT_F16: tl.constexpr,
-    PREFETCH: tl.constexpr, F8_BITS: tl.constexpr,
+    PREFETCH: tl.constexpr, F8_BITS: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_prologue(PDL)
     hg = tl.program_id(0)
     split = tl.program_id(1)
     seq = tl.program_id(2)
@@ -195,7 +196,7 @@ def launch_mla_decode(query, cache, kv_indptr, kv_indices, seq_lens, query_start
         PE_PAD=pow2(width - kv_lora_rank, 16), HAS_SCALE=scaled, SPLIT=split,
         DOT_F16=cache.dtype.itemsize == 1 and query.dtype == torch.bfloat16, PREFETCH=prefetch,
         F8_BITS=f8_bits and cache.dtype == torch.float8_e4m3fn,
-        num_warps=num_warps, num_stages=num_stages,
+        num_warps=num_warps, num_stages=num_stages, **pdl(query.device),
     )
     if split:
         _merge_kernel[(num_seqs, heads)](

@@ -11,14 +11,15 @@ import torch
 import triton
 import triton.language as tl
 
-from atom_kernels.triton._utils import check, check_same_device
+from atom_kernels.triton._utils import check, check_same_device, pdl, pdl_prologue
 
 BLOCK = 128  # block-table entries a program copies
 
 
 @triton.jit(do_not_specialize=["s_bt", "width", "seq_lens_ptr", "bt_ptr"])  # step-varying
 def _kv_indices_kernel(bt_ptr, seq_lens_ptr, indptr_ptr, out_ptr, s_bt, s_btc, width, BLOCK_SIZE,
-                       BLOCK: tl.constexpr):
+                       BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_prologue(PDL)
     seq = tl.program_id(0)
     j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     pages = tl.cdiv(tl.load(seq_lens_ptr + seq), BLOCK_SIZE)
@@ -49,4 +50,5 @@ def mla_kv_indices(block_tables, seq_lens, block_size, kv_indptr, kv_indices) ->
         return
     _kv_indices_kernel[(num_seqs, triton.cdiv(width, BLOCK))](
         block_tables, seq_lens, kv_indptr, kv_indices, *block_tables.stride(), width, block_size, BLOCK=BLOCK,
+            **pdl(block_tables.device),
     )

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from atom_kernels.triton._utils import pow2
+from atom_kernels.triton._utils import pdl, pdl_prologue, pow2
 from atom_kernels.triton.attention_common import load_block_ids
 from atom_kernels.triton.attention_prefill import _find_seq
 from atom_kernels.triton.mla_common import attend_latent, load_latent_tile, load_query
@@ -26,8 +26,9 @@ def _mla_prefill_kernel(
     qk_scale, num_seqs, num_heads, R, ROPE,
     sq_t, sq_h, sq_d, so_t, so_h, so_d, s_bt, s_btc, s_b, s_t, s_d,
     BLOCK_SIZE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-    R_PAD: tl.constexpr, PE_PAD: tl.constexpr, HAS_SCALE: tl.constexpr, SKIP_DECODES: tl.constexpr,
+    R_PAD: tl.constexpr, PE_PAD: tl.constexpr, HAS_SCALE: tl.constexpr, SKIP_DECODES: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_prologue(PDL)
     pid = tl.program_id(0)
     hg = tl.program_id(1)
     seq = _find_seq(qsl_ptr, pid, num_seqs, BLOCK_T)
@@ -103,5 +104,5 @@ def launch_mla_prefill(query, cache, block_tables, seq_lens, query_start_loc, qk
         *query.stride(), *out.stride(), *block_tables.stride(), *cache.stride(),
         BLOCK_SIZE=cache.shape[1], BLOCK_T=block_t, BLOCK_H=block_h, BLOCK_N=block_n,
         R_PAD=pow2(kv_lora_rank, 16), PE_PAD=pow2(width - kv_lora_rank, 16), HAS_SCALE=scaled,
-        SKIP_DECODES=skip_decodes, num_warps=num_warps, num_stages=num_stages,
+        SKIP_DECODES=skip_decodes, num_warps=num_warps, num_stages=num_stages, **pdl(query.device),
     )

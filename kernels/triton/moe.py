@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from atom_kernels.reference.moe import check_moe_args
-from atom_kernels.triton._utils import FLOAT_DTYPES, check, check_dtype, check_same_device
+from atom_kernels.triton._utils import FLOAT_DTYPES, check, check_dtype, check_same_device, pdl, pdl_prologue
 from atom_kernels.triton.moe_align import max_blocks, moe_align
 from atom_kernels.triton.moe_gemv import fused_moe_gemv
 
@@ -79,8 +79,9 @@ def _block_pairs(sorted_ptr, expert_ids_ptr, pid_m, num_pairs, BLOCK_M: tl.const
 def _gate_up_kernel(x_ptr, w_ptr, sorted_ptr, expert_ids_ptr, post_pad_ptr, act_ptr,
                     num_pairs, top_k, H, INTER, num_m, sx, sw_e, sw_n, sw_k,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                    EVEN_K: tl.constexpr, PRECISION: tl.constexpr):
+                    EVEN_K: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
     # grid (max_blocks * cdiv(INTER, BLOCK_N),): act[pair, n] = silu(x[tok] . w13[e, n]) * (x[tok] . w13[e, INTER + n])
+    pdl_prologue(PDL)
     pid_m, n0 = _tile(num_m, INTER, BLOCK_N, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(post_pad_ptr):  # past the rows in use (the grid is a bound)
         return
@@ -119,8 +120,9 @@ def _gate_up_kernel(x_ptr, w_ptr, sorted_ptr, expert_ids_ptr, post_pad_ptr, act_
 def _down_kernel(act_ptr, w_ptr, sorted_ptr, expert_ids_ptr, post_pad_ptr, weights_ptr, y_ptr,
                  num_pairs, H, INTER, num_m, sw_e, sw_n, sw_k,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                 EVEN_K: tl.constexpr, PRECISION: tl.constexpr):
+                 EVEN_K: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
     # grid (max_blocks * cdiv(H, BLOCK_N),): y[pair, n] = weight[pair] * (act[pair] . w2[e, n])
+    pdl_prologue(PDL)
     pid_m, n0 = _tile(num_m, H, BLOCK_N, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(post_pad_ptr):  # past the rows in use (the grid is a bound)
         return
@@ -149,8 +151,9 @@ def _down_kernel(act_ptr, w_ptr, sorted_ptr, expert_ids_ptr, post_pad_ptr, weigh
 
 
 @triton.jit
-def _sum_topk_kernel(y_ptr, ids_ptr, out_ptr, H, E, TOP_K: tl.constexpr, BLOCK_H: tl.constexpr):
+def _sum_topk_kernel(y_ptr, ids_ptr, out_ptr, H, E, TOP_K: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr):
     # grid (T, cdiv(H, BLOCK_H)): out[t] = sum_k y[t * K + k] in fp32, skipping pairs moe_align dropped.
+    pdl_prologue(PDL)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     hm = h < H
@@ -195,14 +198,14 @@ def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
     _gate_up_kernel[(num_m * triton.cdiv(inter, bn),)](
         hidden, w13, sorted_ids, expert_ids, post_pad, act, pairs, top_k, h, inter, num_m, hidden.stride(0),
         *w13.stride(), BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, EVEN_K=h % bk == 0,
-        PRECISION=precision, num_warps=warps, num_stages=stages)
+        PRECISION=precision, num_warps=warps, num_stages=stages, **pdl(hidden.device))
     y = torch.empty((pairs, h), dtype=hidden.dtype, device=hidden.device)
     bn, bk, warps, stages = cfg["down"]
     _down_kernel[(num_m * triton.cdiv(h, bn),)](
         act, w2, sorted_ids, expert_ids, post_pad, topk_weights, y, pairs, h, inter, num_m, *w2.stride(),
         BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, EVEN_K=inter % bk == 0, PRECISION=precision,
-        num_warps=warps, num_stages=stages)
+        num_warps=warps, num_stages=stages, **pdl(act.device))
     block_h = min(triton.next_power_of_2(h), 1024)
     _sum_topk_kernel[(t, triton.cdiv(h, block_h))](y, topk_ids, out, h, num_experts, TOP_K=top_k,
-                                                    BLOCK_H=block_h)
+                                                    BLOCK_H=block_h, **pdl(y.device))
     return out

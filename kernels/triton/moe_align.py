@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from atom_kernels.triton._utils import check, pow2
+from atom_kernels.triton._utils import check, pdl, pdl_prologue, pow2
 
 CHUNK = 128  # pairs per histogram / scatter program: the in-chunk rank is a [CHUNK, CHUNK] comparison
 SMALL_CHUNKS = 4  # up to this many chunks (512 pairs: 64 tokens at top-8) one program aligns them all
@@ -41,8 +41,9 @@ def _load_ids(ids_ptr, chunk, N, E, CHUNK: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["N"])
-def _count_kernel(ids_ptr, counts_ptr, N, E, CHUNK: tl.constexpr, E_PAD: tl.constexpr):
+def _count_kernel(ids_ptr, counts_ptr, N, E, CHUNK: tl.constexpr, E_PAD: tl.constexpr, PDL: tl.constexpr):
     # grid (num_chunks,): counts[c, e] = pairs of chunk c routed to expert e; counts is [num_chunks, E_PAD].
+    pdl_prologue(PDL)
     c = tl.program_id(0)
     _, e = _load_ids(ids_ptr, c, N, E, CHUNK)
     ex = tl.arange(0, E_PAD)
@@ -64,9 +65,11 @@ def _rank_in_chunk(e, CHUNK: tl.constexpr):
 
 @triton.jit(do_not_specialize=["num_chunks", "sentinel"])
 def _offsets_kernel(counts_ptr, starts_ptr, sorted_ptr, expert_ids_ptr, post_pad_ptr, num_chunks, E, sentinel,
-                    BLOCK_M: tl.constexpr, E_PAD: tl.constexpr, C_TILE: tl.constexpr, B_TILE: tl.constexpr):
+                    BLOCK_M: tl.constexpr, E_PAD: tl.constexpr, C_TILE: tl.constexpr, B_TILE: tl.constexpr,
+                    PDL: tl.constexpr):
     # One program. counts [num_chunks, E_PAD] becomes, in place, each chunk's offset inside its expert's group
     # (exclusive prefix sum over chunks); starts[e] = first row of expert e's group.
+    pdl_prologue(PDL)
     ex = tl.arange(0, E_PAD)
     total = tl.zeros([E_PAD], tl.int32)
     for c0 in range(0, num_chunks, C_TILE):
@@ -103,8 +106,10 @@ def _layout(total, sorted_ptr, expert_ids_ptr, post_pad_ptr, sentinel,
 
 
 @triton.jit(do_not_specialize=["N"])
-def _scatter_kernel(ids_ptr, offsets_ptr, starts_ptr, sorted_ptr, N, E, CHUNK: tl.constexpr, E_PAD: tl.constexpr):
+def _scatter_kernel(ids_ptr, offsets_ptr, starts_ptr, sorted_ptr, N, E, CHUNK: tl.constexpr, E_PAD: tl.constexpr,
+                    PDL: tl.constexpr):
     # grid (num_chunks,): pair i goes to row starts[e] + offsets[c, e] + (earlier pairs of chunk c with expert e).
+    pdl_prologue(PDL)
     c = tl.program_id(0)
     i, e = _load_ids(ids_ptr, c, N, E, CHUNK)
     ok = e >= 0
@@ -114,8 +119,10 @@ def _scatter_kernel(ids_ptr, offsets_ptr, starts_ptr, sorted_ptr, N, E, CHUNK: t
 
 @triton.jit(do_not_specialize=["N", "num_chunks"])
 def _align_one_program(ids_ptr, sorted_ptr, expert_ids_ptr, post_pad_ptr, N, E, num_chunks,
-                       BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, E_PAD: tl.constexpr, B_TILE: tl.constexpr):
+                       BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, E_PAD: tl.constexpr, B_TILE: tl.constexpr,
+                       PDL: tl.constexpr):
     # grid (1,): the three kernels above in one program, for a few chunks (the histogram pass re-reads the ids).
+    pdl_prologue(PDL)
     total = tl.zeros([E_PAD], tl.int32)
     for c in range(num_chunks):
         _, e = _load_ids(ids_ptr, c, N, E, CHUNK)
@@ -156,13 +163,14 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int):
         chunk = min(CHUNK, pow2(n, 16))  # fewer pairs than a chunk: a smaller one-hot and rank tile
         _align_one_program[(1,)](topk_ids, sorted_ids, expert_ids, num_post_pad, n, num_experts,
                                  triton.cdiv(n, chunk), BLOCK_M=block_m, CHUNK=chunk, E_PAD=e_pad,
-                                 B_TILE=max(16, 4096 // e_pad), num_warps=8)
+                                 B_TILE=max(16, 4096 // e_pad), num_warps=8, **pdl(topk_ids.device))
         return sorted_ids, expert_ids, num_post_pad
     offsets = torch.empty((chunks, e_pad), dtype=torch.int32, device=dev)
     starts = torch.empty(e_pad, dtype=torch.int32, device=dev)
-    _count_kernel[(chunks,)](topk_ids, offsets, n, num_experts, CHUNK=CHUNK, E_PAD=e_pad)
+    _count_kernel[(chunks,)](topk_ids, offsets, n, num_experts, CHUNK=CHUNK, E_PAD=e_pad, **pdl(topk_ids.device))
     _offsets_kernel[(1,)](offsets, starts, sorted_ids, expert_ids, num_post_pad, chunks, num_experts, n,
                           BLOCK_M=block_m, E_PAD=e_pad, C_TILE=max(1, 4096 // e_pad),
-                          B_TILE=max(16, 4096 // e_pad))
-    _scatter_kernel[(chunks,)](topk_ids, offsets, starts, sorted_ids, n, num_experts, CHUNK=CHUNK, E_PAD=e_pad)
+                          B_TILE=max(16, 4096 // e_pad), **pdl(offsets.device))
+    _scatter_kernel[(chunks,)](topk_ids, offsets, starts, sorted_ids, n, num_experts, CHUNK=CHUNK, E_PAD=e_pad,
+                               **pdl(topk_ids.device))
     return sorted_ids, expert_ids, num_post_pad

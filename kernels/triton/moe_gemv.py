@@ -21,13 +21,14 @@ import torch
 import triton
 import triton.language as tl
 
-from atom_kernels.triton._utils import pow2
+from atom_kernels.triton._utils import pdl, pdl_prologue, pow2
 
 
 @triton.jit
 def _gate_up_gemv_kernel(x_ptr, w_ptr, ids_ptr, act_ptr, E, H, INTER, top_k, sx, sw_e, sw_n, sw_k,
-                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr):
     # grid (pairs, cdiv(INTER, BLOCK_N)): act[pair, n] = silu(x[tok] . w13[e, n]) * (x[tok] . w13[e, INTER + n])
+    pdl_prologue(PDL)
     pair = tl.program_id(0).to(tl.int64)
     e = tl.load(ids_ptr + pair).to(tl.int64)
     if (e < 0) | (e >= E):  # dropped pair: its act row is never read
@@ -63,10 +64,12 @@ def _gate_up_gemv_kernel(x_ptr, w_ptr, ids_ptr, act_ptr, E, H, INTER, top_k, sx,
 
 @triton.jit
 def _down_gemv_sum_kernel(act_ptr, w_ptr, ids_ptr, weights_ptr, out_ptr, E, H, INTER, sw_e, sw_n, sw_k,
-                          TOP_K: tl.constexpr, K_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                          TOP_K: tl.constexpr, K_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                          PDL: tl.constexpr):
     # grid (T, cdiv(H, BLOCK_N)): out[t, n] = sum_k round(round(act[t*K + k] . w2[e_k, n]) * round(weight[t, k]))
     # All K pairs of the token in one [K_PAD, BLOCK_N, BLOCK_K] tile per step: K weight tiles in flight at once
     # (one expert at a time left each program waiting on one small load after another).
+    pdl_prologue(PDL)
     t = tl.program_id(0).to(tl.int64)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = n < H
@@ -102,9 +105,9 @@ def fused_moe_gemv(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, to
     bn, bk, warps = cfg["up"]
     _gate_up_gemv_kernel[(t * top_k, triton.cdiv(inter, bn))](
         hidden, w13, topk_ids, act, w13.shape[0], h, inter, top_k, hidden.stride(0), *w13.stride(),
-        BLOCK_N=bn, BLOCK_K=bk, EVEN_K=h % bk == 0, num_warps=warps)
+        BLOCK_N=bn, BLOCK_K=bk, EVEN_K=h % bk == 0, num_warps=warps, **pdl(hidden.device))
     bn, bk, warps = cfg["down"]
     _down_gemv_sum_kernel[(t, triton.cdiv(h, bn))](
         act, w2, topk_ids, topk_weights, out, w13.shape[0], h, inter, *w2.stride(), TOP_K=top_k,
-        K_PAD=pow2(top_k), BLOCK_N=bn, BLOCK_K=bk, num_warps=warps)
+        K_PAD=pow2(top_k), BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, **pdl(act.device))
     return out
