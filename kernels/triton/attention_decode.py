@@ -205,6 +205,7 @@ def launch_decode(query, k_cache, v_cache, block_tables, seq_lens, query_start_l
         po = torch.empty((num_seqs, heads, num_splits, head_dim), dtype=torch.float32, device=query.device)
         plse = torch.empty((num_seqs, heads, num_splits), dtype=torch.float32, device=query.device)
     scaled = k_scale is not None
+    launch = pdl(query.device)
     _decode_kernel[(num_seqs, kv_heads, num_splits)](
         query, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
         k_scale if scaled else query, v_scale if scaled else query, out, po, plse,
@@ -213,10 +214,10 @@ def launch_decode(query, k_cache, v_cache, block_tables, seq_lens, query_start_l
         BLOCK_SIZE=k_cache.shape[1], G_PAD=pow2(group, 16), D_PAD=pow2(head_dim, 16), BLOCK_N=block_n,
         HAS_SCALE=scaled, SPLIT=split, V_REGS=v_regs,
         DOT_F16=f16_dots and k_cache.dtype.itemsize == 1 and query.dtype == torch.bfloat16,
-        num_warps=num_warps, num_stages=num_stages, **({"maxnreg": maxnreg} if maxnreg else {}), **pdl(query.device),
+        num_warps=num_warps, num_stages=num_stages, **({"maxnreg": maxnreg} if maxnreg else {}), **launch,
     )
     if split:
         _merge_kernel[(num_seqs, heads)](
             query_start_loc, po, plse, out, num_splits, *out.stride(), head_dim, heads,
-            S_PAD=pow2(num_splits), D_PAD=pow2(head_dim, 16), **pdl(query.device),
+            S_PAD=pow2(num_splits), D_PAD=pow2(head_dim, 16), **launch,
         )

@@ -188,6 +188,7 @@ def launch_mla_decode(query, cache, kv_indptr, kv_indices, seq_lens, query_start
         plse = torch.empty((num_seqs, heads, num_splits), dtype=torch.float32, device=query.device)
     scaled = cache_scale is not None
     grid = (triton.cdiv(heads, block_h), num_splits, num_seqs)
+    launch = pdl(query.device)
     _mla_decode_kernel[grid](
         query, cache, kv_indptr, kv_indices, seq_lens, query_start_loc, cache_scale if scaled else query,
         out, po, plse, qk_scale, num_splits, heads, kv_lora_rank, width - kv_lora_rank,
@@ -196,10 +197,10 @@ def launch_mla_decode(query, cache, kv_indptr, kv_indices, seq_lens, query_start
         PE_PAD=pow2(width - kv_lora_rank, 16), HAS_SCALE=scaled, SPLIT=split,
         DOT_F16=cache.dtype.itemsize == 1 and query.dtype == torch.bfloat16, PREFETCH=prefetch,
         F8_BITS=f8_bits and cache.dtype == torch.float8_e4m3fn,
-        num_warps=num_warps, num_stages=num_stages, **pdl(query.device),
+        num_warps=num_warps, num_stages=num_stages, **launch,
     )
     if split:
         _merge_kernel[(num_seqs, heads)](
             query_start_loc, po, plse, out, num_splits, *out.stride(), kv_lora_rank, heads,
-            S_PAD=pow2(num_splits), D_PAD=r_pad, **pdl(query.device),
+            S_PAD=pow2(num_splits), D_PAD=r_pad, **launch,
         )

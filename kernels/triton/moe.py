@@ -194,18 +194,19 @@ def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
     num_m = max_blocks(pairs, num_experts, block_m)
     precision = "ieee" if hidden.dtype == torch.float32 else "tf32"  # fp32: exact products, as the reference
     act = torch.empty((pairs, inter), dtype=hidden.dtype, device=hidden.device)
+    launch = pdl(hidden.device)
     bn, bk, warps, stages = cfg["up"]
     _gate_up_kernel[(num_m * triton.cdiv(inter, bn),)](
         hidden, w13, sorted_ids, expert_ids, post_pad, act, pairs, top_k, h, inter, num_m, hidden.stride(0),
         *w13.stride(), BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, EVEN_K=h % bk == 0,
-        PRECISION=precision, num_warps=warps, num_stages=stages, **pdl(hidden.device))
+        PRECISION=precision, num_warps=warps, num_stages=stages, **launch)
     y = torch.empty((pairs, h), dtype=hidden.dtype, device=hidden.device)
     bn, bk, warps, stages = cfg["down"]
     _down_kernel[(num_m * triton.cdiv(h, bn),)](
         act, w2, sorted_ids, expert_ids, post_pad, topk_weights, y, pairs, h, inter, num_m, *w2.stride(),
         BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, EVEN_K=inter % bk == 0, PRECISION=precision,
-        num_warps=warps, num_stages=stages, **pdl(act.device))
+        num_warps=warps, num_stages=stages, **launch)
     block_h = min(triton.next_power_of_2(h), 1024)
     _sum_topk_kernel[(t, triton.cdiv(h, block_h))](y, topk_ids, out, h, num_experts, TOP_K=top_k,
-                                                    BLOCK_H=block_h, **pdl(y.device))
+                                                    BLOCK_H=block_h, **launch)
     return out

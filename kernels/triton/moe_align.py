@@ -158,19 +158,20 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int):
         return sorted_ids, expert_ids, torch.zeros(1, dtype=torch.int32, device=dev)
     num_post_pad = torch.empty(1, dtype=torch.int32, device=dev)  # (written by the kernels: no memset launch)
     e_pad = pow2(num_experts, 16)
+    launch = pdl(dev)
     chunks = triton.cdiv(n, CHUNK)
     if chunks <= SMALL_CHUNKS:
         chunk = min(CHUNK, pow2(n, 16))  # fewer pairs than a chunk: a smaller one-hot and rank tile
         _align_one_program[(1,)](topk_ids, sorted_ids, expert_ids, num_post_pad, n, num_experts,
                                  triton.cdiv(n, chunk), BLOCK_M=block_m, CHUNK=chunk, E_PAD=e_pad,
-                                 B_TILE=max(16, 4096 // e_pad), num_warps=8, **pdl(topk_ids.device))
+                                 B_TILE=max(16, 4096 // e_pad), num_warps=8, **launch)
         return sorted_ids, expert_ids, num_post_pad
     offsets = torch.empty((chunks, e_pad), dtype=torch.int32, device=dev)
     starts = torch.empty(e_pad, dtype=torch.int32, device=dev)
-    _count_kernel[(chunks,)](topk_ids, offsets, n, num_experts, CHUNK=CHUNK, E_PAD=e_pad, **pdl(topk_ids.device))
+    _count_kernel[(chunks,)](topk_ids, offsets, n, num_experts, CHUNK=CHUNK, E_PAD=e_pad, **launch)
     _offsets_kernel[(1,)](offsets, starts, sorted_ids, expert_ids, num_post_pad, chunks, num_experts, n,
                           BLOCK_M=block_m, E_PAD=e_pad, C_TILE=max(1, 4096 // e_pad),
-                          B_TILE=max(16, 4096 // e_pad), **pdl(offsets.device))
+                          B_TILE=max(16, 4096 // e_pad), **launch)
     _scatter_kernel[(chunks,)](topk_ids, offsets, starts, sorted_ids, n, num_experts, CHUNK=CHUNK, E_PAD=e_pad,
-                               **pdl(topk_ids.device))
+                               **launch)
     return sorted_ids, expert_ids, num_post_pad

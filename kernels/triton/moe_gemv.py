@@ -102,12 +102,13 @@ def fused_moe_gemv(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, to
     (t, h), inter, top_k = hidden.shape, w13.shape[1] // 2, topk_ids.shape[1]
     out = torch.empty_like(hidden)
     act = torch.empty((t * top_k, inter), dtype=hidden.dtype, device=hidden.device)
+    launch = pdl(hidden.device)
     bn, bk, warps = cfg["up"]
     _gate_up_gemv_kernel[(t * top_k, triton.cdiv(inter, bn))](
         hidden, w13, topk_ids, act, w13.shape[0], h, inter, top_k, hidden.stride(0), *w13.stride(),
-        BLOCK_N=bn, BLOCK_K=bk, EVEN_K=h % bk == 0, num_warps=warps, **pdl(hidden.device))
+        BLOCK_N=bn, BLOCK_K=bk, EVEN_K=h % bk == 0, num_warps=warps, **launch)
     bn, bk, warps = cfg["down"]
     _down_gemv_sum_kernel[(t, triton.cdiv(h, bn))](
         act, w2, topk_ids, topk_weights, out, w13.shape[0], h, inter, *w2.stride(), TOP_K=top_k,
-        K_PAD=pow2(top_k), BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, **pdl(act.device))
+        K_PAD=pow2(top_k), BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, **launch)
     return out

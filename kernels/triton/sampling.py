@@ -136,9 +136,10 @@ def sample_tokens(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.
     per_chunk, chunks = split(n, vocab, logits.device)
     part_val = torch.empty(n, chunks, dtype=torch.float32, device=logits.device)
     part_idx = torch.empty(n, chunks, dtype=torch.int32, device=logits.device)
+    launch = pdl(logits.device)
     _partial_kernel[(n, chunks)](logits, logits.stride(0), temperature, seeds, part_val, part_idx, vocab,
                                  triton.cdiv(vocab, 4), per_chunk, chunks, TILE=TILE, num_warps=4,
-                                 **pdl(logits.device))
+                                 **launch)
     _reduce_kernel[(n,)](part_val, part_idx, out, chunks, CHUNKS=pow2(chunks, 2), num_warps=1,
-                         **pdl(logits.device))
+                         **launch)
     return out
