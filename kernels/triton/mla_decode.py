@@ -42,6 +42,7 @@ from atom_kernels.triton._utils import pdl, pdl_prologue, pow2
 from atom_kernels.triton.attention_common import load_block_ids
 from atom_kernels.triton.attention_decode import _merge_kernel, num_sms, pick_splits
 from atom_kernels.triton.mla_common import attend_latent, load_latent_tile, load_query
+from atom_kernels.triton.mla_decode_hopper import launch_mla_decode_wgmma, wgmma_fits
 
 
 # Step-varying counts and step-buffer pointers are not specialized (no recompiles mid-serving), as in _decode_kernel.
@@ -126,6 +127,7 @@ def _mla_decode_kernel(
 # Programs per SM the split count aims for (attention_decode measured 2 to saturate HBM with its kernel).
 PROGRAMS_PER_SM = 2
 MAX_HEADS_PER_PROGRAM = 64  # [64, 512] float32 accumulator: 128 registers a thread at 8 warps
+WGMMA_SMEM = 229888  # bytes of shared memory mla_decode_hopper's kernel takes (ptxas, sm_90)
 
 
 def mla_decode_config(num_seqs: int, num_heads: int, max_seq_len: int, device, query_dtype=torch.bfloat16,
@@ -158,8 +160,15 @@ def mla_decode_config(num_seqs: int, num_heads: int, max_seq_len: int, device, q
     warps = 4 if block_h <= 16 else 8
     programs = num_seqs * triton.cdiv(num_heads, block_h)
     splits = pick_splits(programs, PROGRAMS_PER_SM * num_sms(device), triton.cdiv(max(max_seq_len, 1), 256))
+    wgmma = block_h == 64 and not fp32 and cache_dtype in (None, query_dtype) and hopper(device)
     return dict(block_h=block_h, block_n=block_n, num_warps=warps, num_stages=stages, num_splits=splits,
-                prefetch=fp8_prefetch, f8_bits=fp8_prefetch)
+                prefetch=fp8_prefetch, f8_bits=fp8_prefetch, wgmma=wgmma)
+
+
+def hopper(device: torch.device) -> bool:
+    """sm_90 with room for mla_decode_hopper's ~225 KB of shared memory (wgmma is Hopper's alone)."""
+    return (device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
+            and shared_memory(device) >= WGMMA_SMEM)
 
 
 @functools.cache
@@ -172,11 +181,13 @@ def shared_memory(device: torch.device) -> int:
 
 def launch_mla_decode(query, cache, kv_indptr, kv_indices, seq_lens, query_start_loc, qk_scale, kv_lora_rank,
                       cache_scale, out, block_h, block_n, num_warps, num_stages, num_splits, prefetch=False,
-                      f8_bits=False) -> None:
+                      f8_bits=False, wgmma=False) -> None:
     """Run the decode kernel (+ merge) for the one-token sequences of the batch; arguments pre-checked.
 
     prefetch: the next latent tile loaded into registers ahead of the dots (any cache dtype); f8_bits: the
-    integer e4m3 -> fp16 upcast (fp8 caches only, ignored for others). See the module docstring.
+    integer e4m3 -> fp16 upcast (fp8 caches only, ignored for others). See the module docstring. wgmma: Hopper's
+    kernel (mla_decode_hopper) where it fits the arguments (block_h 64 then; the other tile settings are this
+    kernel's); mla_decode_config says when.
     """
     num_seqs = seq_lens.shape[0]
     _, heads, width = query.shape
@@ -189,16 +200,20 @@ def launch_mla_decode(query, cache, kv_indptr, kv_indices, seq_lens, query_start
     scaled = cache_scale is not None
     grid = (triton.cdiv(heads, block_h), num_splits, num_seqs)
     launch = pdl(query.device)
-    _mla_decode_kernel[grid](
-        query, cache, kv_indptr, kv_indices, seq_lens, query_start_loc, cache_scale if scaled else query,
-        out, po, plse, qk_scale, num_splits, heads, kv_lora_rank, width - kv_lora_rank,
-        *query.stride(), *out.stride(), *cache.stride(),
-        BLOCK_SIZE=cache.shape[1], BLOCK_H=block_h, BLOCK_N=block_n, R_PAD=r_pad,
-        PE_PAD=pow2(width - kv_lora_rank, 16), HAS_SCALE=scaled, SPLIT=split,
-        DOT_F16=cache.dtype.itemsize == 1 and query.dtype == torch.bfloat16, PREFETCH=prefetch,
-        F8_BITS=f8_bits and cache.dtype == torch.float8_e4m3fn,
-        num_warps=num_warps, num_stages=num_stages, **launch,
-    )
+    if wgmma and wgmma_fits(query, cache, kv_lora_rank, out):
+        launch_mla_decode_wgmma(query, cache, kv_indptr, kv_indices, seq_lens, query_start_loc, qk_scale,
+                                kv_lora_rank, cache_scale, out, po, plse, num_splits)
+    else:
+        _mla_decode_kernel[grid](
+            query, cache, kv_indptr, kv_indices, seq_lens, query_start_loc, cache_scale if scaled else query,
+            out, po, plse, qk_scale, num_splits, heads, kv_lora_rank, width - kv_lora_rank,
+            *query.stride(), *out.stride(), *cache.stride(),
+            BLOCK_SIZE=cache.shape[1], BLOCK_H=block_h, BLOCK_N=block_n, R_PAD=r_pad,
+            PE_PAD=pow2(width - kv_lora_rank, 16), HAS_SCALE=scaled, SPLIT=split,
+            DOT_F16=cache.dtype.itemsize == 1 and query.dtype == torch.bfloat16, PREFETCH=prefetch,
+            F8_BITS=f8_bits and cache.dtype == torch.float8_e4m3fn,
+            num_warps=num_warps, num_stages=num_stages, **launch,
+        )
     if split:
         _merge_kernel[(num_seqs, heads)](
             query_start_loc, po, plse, out, num_splits, *out.stride(), kv_lora_rank, heads,

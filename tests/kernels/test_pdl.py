@@ -18,7 +18,7 @@ from triton.runtime.jit import JITFunction  # noqa: E402
 import atom_kernels.triton as triton_pkg  # noqa: E402  (after the triton skip)
 from atom_kernels.triton._utils import pdl  # noqa: E402
 
-MEMORY_OPS = re.compile(r"\btl\.(load|store|atomic_\w+)\(|\b(load|store)_\w+\(")
+MEMORY_OPS = re.compile(r"\b[tg]l\.(load|store|atomic_\w+)\(|\b(load|store)_\w+\(")
 
 
 def launched_kernels() -> list[tuple[str, JITFunction]]:

@@ -24,7 +24,7 @@ from atom_kernels.triton.attention_common import softmax_scale  # noqa: E402
 from atom_kernels.triton.mla import mla_attention  # noqa: E402
 from atom_kernels.triton.mla_cache import write_latent_cache  # noqa: E402
 from atom_kernels.triton.mla_common import e4m3_bits_as_f16  # noqa: E402
-from atom_kernels.triton.mla_decode import launch_mla_decode  # noqa: E402
+from atom_kernels.triton.mla_decode import hopper, launch_mla_decode, mla_decode_config  # noqa: E402
 from atom_kernels.triton.mla_kv_indices import mla_kv_indices  # noqa: E402
 from tests.interpreter import run_under_interpreter  # noqa: E402
 
@@ -183,6 +183,31 @@ def test_decode_prefetch_and_f8_bits(block_h, block_n, warps, prefetch, f8_bits)
                 native = check_decode_config(DECODES, 128, 512, 64, BF16, "cuda", block_h, block_n, warps, splits,
                                              cache_dtype, prefetch=prefetch)
                 assert torch.equal(got, native)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [BF16, F16], ids=ids)
+@pytest.mark.parametrize("splits", [1, 3, 8])
+@pytest.mark.parametrize("heads", [64, 100, 128])
+def test_hopper_decode_matches_reference(heads, splits, dtype):
+    """mla_decode_hopper's wgmma kernel: head groups with masked heads (100), empty splits, contexts that end
+    inside a tile and inside a page, one-token contexts, long ones over many tiles."""
+    if not hopper(torch.device("cuda")):
+        pytest.skip("the wgmma kernel needs sm_90 (Hopper)")
+    seqs = DECODES + [(1000, 1), (4099, 1), (129, 1)]
+    check_decode_config(seqs, heads, 512, 64, dtype, "cuda", 64, 64, 8, splits, wgmma=True)
+
+
+@pytest.mark.gpu
+def test_hopper_kernel_is_picked_where_it_fits():
+    dev = torch.device("cuda")
+    if not hopper(dev):
+        pytest.skip("the wgmma kernel needs sm_90 (Hopper)")
+    assert mla_decode_config(32, 128, 4096, dev, BF16)["wgmma"]
+    assert mla_decode_config(32, 128, 4096, dev, F16, F16)["wgmma"]
+    assert not mla_decode_config(32, 16, 4096, dev, BF16)["wgmma"]  # 16 heads a program: the Triton kernel
+    assert not mla_decode_config(32, 128, 4096, dev, F32)["wgmma"]
+    assert not mla_decode_config(32, 128, 4096, dev, BF16, FP8)["wgmma"]
 
 
 @pytest.mark.gpu
