@@ -9,7 +9,9 @@ copy). TFLOP/s counts 2 * B * H * L * (576 + 512). Peers over the same latent va
   - "torch bmm": absorbed decode in bf16 matmuls over a contiguous [B, L, 576] latent (logits, softmax, P @ V),
   - "reference": atom_kernels.reference.mla_attention over the same paged cache (float32 math, the test
     oracle); skipped where its float32 copies (GQA expands the latent per head) would exceed REF_BYTES.
-A mini-sweep of heads per program (BLOCK_H 16/32/64) shows what the default config leaves on the table.
+A mini-sweep of heads per program (BLOCK_H 16/32/64) of the Triton kernel shows what the default config leaves on
+the table; with more than 32 heads on an H100 the default ("ours") is Hopper's wgmma kernel (mla_decode_hopper),
+so there the BLOCK_H=64 row is the Triton kernel it replaced.
 Goals: >= 0.8 of copy bandwidth; fp8 <= 0.6 of bf16 time. With 128 heads the decode does 242 flops per byte
 of bf16 latent: at ~2.8 TB/s that is ~700 TFLOP/s, near the H100's dense bf16 peak, so that case is
 compute-bound (the TFLOP/s column says how close).
@@ -81,13 +83,13 @@ def ours(q, cache, tables, seq_lens, qsl, seq, scale=None):
 
 
 def with_config(q, cache, tables, seq_lens, qsl, seq, block_h, scale=None, **forced):
-    """Our decode kernel with BLOCK_H (and any other launch setting) forced; the rest as mla_decode_config picks
-    them, the split count for the number of head groups."""
+    """Our Triton decode kernel (not Hopper's wgmma one unless forced) with BLOCK_H (and any other launch setting)
+    forced; the rest as mla_decode_config picks them, the split count for the number of head groups."""
     meta = mla_decode_metadata(tables, seq_lens, BLOCK)
     cfg = mla_decode_config(q.shape[0], q.shape[1], seq, q.device, q.dtype, cache.dtype)
     programs = q.shape[0] * triton.cdiv(q.shape[1], block_h)
     splits = pick_splits(programs, PROGRAMS_PER_SM * num_sms(q.device), triton.cdiv(seq, 256))
-    cfg.update(block_h=block_h, num_warps=4 if block_h <= 16 else 8, num_splits=splits)
+    cfg.update(block_h=block_h, num_warps=4 if block_h <= 16 else 8, num_splits=splits, wgmma=False)
     cfg.update(forced)
     out = q.new_empty(*q.shape[:2], R)
     return lambda: launch_mla_decode(q, cache, *meta, seq_lens, qsl, softmax_scale(SCALE), R, scale, out, **cfg)

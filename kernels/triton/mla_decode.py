@@ -158,9 +158,10 @@ def mla_decode_config(num_seqs: int, num_heads: int, max_seq_len: int, device, q
     else:
         block_n, stages = 32, 2
     warps = 4 if block_h <= 16 else 8
+    wgmma = block_h == 64 and not fp32 and hopper(device)
     programs = num_seqs * triton.cdiv(num_heads, block_h)
-    splits = pick_splits(programs, PROGRAMS_PER_SM * num_sms(device), triton.cdiv(max(max_seq_len, 1), 256))
-    wgmma = block_h == 64 and not fp32 and cache_dtype in (None, query_dtype) and hopper(device)
+    per_sm = 1 if wgmma else PROGRAMS_PER_SM  # the wgmma kernel's ~225 KB of shared memory: one program an SM
+    splits = pick_splits(programs, per_sm * num_sms(device), triton.cdiv(max(max_seq_len, 1), 256))
     return dict(block_h=block_h, block_n=block_n, num_warps=warps, num_stages=stages, num_splits=splits,
                 prefetch=fp8_prefetch, f8_bits=fp8_prefetch, wgmma=wgmma)
 

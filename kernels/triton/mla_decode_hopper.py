@@ -12,10 +12,13 @@ derived in-kernel from the real seq_len). Per tile of BLOCK_N latent rows: cp.as
 ids one tile ahead) into a STAGES-deep ring in shared memory; S = q_nope · c^T + q_pe · k_pe^T (wgmma, operands
 in shared memory); online softmax in the log2 domain; P (bf16/fp16) to shared memory; O += P · c (wgmma).
 Each latent row is read from HBM once per program; the second head group of a 128-head token reads it from L2.
+An fp8 (e4m3) cache: the ring holds e4m3 tiles (half the bytes); each thread upcasts the part of tile j it copied
+into one tile buffer of the query's dtype (exact: e4m3 fits bf16 and fp16), which both wgmmas read; the
+per-tensor scale goes on the logits and on the output, as in mla_decode.
 
-Scope (mla_decode_config picks this kernel only there): CUDA sm_90, 16-bit query and cache of the same dtype,
-kv_lora_rank 512 and rope 64 (DeepSeek-V2/V3; both powers of two), more than 32 heads. Everything else, and
-any GPU without ~225 KB of shared memory a block, takes mla_decode's Triton kernel.
+Scope (mla_decode_config picks this kernel only there): CUDA sm_90, 16-bit query, cache of the query's dtype or
+e4m3, kv_lora_rank 512 and rope 64 (DeepSeek-V2/V3), more than 32 heads. Everything else, and any GPU without
+~225 KB of shared memory a block, takes mla_decode's Triton kernel.
 """
 
 from __future__ import annotations
@@ -24,12 +27,16 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 
-from atom_kernels.triton._utils import pdl
+from atom_kernels.triton._utils import FP8_DTYPES, pdl
 
 BLOCK_H, BLOCK_N, STAGES, WARPS = 64, 64, 2, 8
-GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float8_e4m3fn: gl.float8e4nv}
 
 
 @gluon.jit
@@ -63,17 +70,21 @@ def _mla_decode_wgmma_kernel(
     q_ptr, cache_ptr, kv_indptr_ptr, kv_indices_ptr, seq_lens_ptr, qsl_ptr, scale_ptr, out_ptr, po_ptr, plse_ptr,
     qk_scale, num_splits, num_heads, sq_t, sq_h, so_t, so_h, s_b, s_t,
     q_sl: gl.constexpr, qpe_sl: gl.constexpr, kv_sl: gl.constexpr, pe_sl: gl.constexpr, p_sl: gl.constexpr,
+    ring_sl: gl.constexpr, ring_pe_sl: gl.constexpr,
     BLOCK_SIZE: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, R: gl.constexpr, ROPE: gl.constexpr,
     STAGES: gl.constexpr, HAS_SCALE: gl.constexpr, SPLIT: gl.constexpr, PDL: gl.constexpr,
 ):
-    # loads: 16-byte chunks, 8 warps down the rows; S [BLOCK_H, BLOCK_N] and O [BLOCK_H, R]: warpgroups side by side
-    ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])
+    # loads: 16-byte chunks (8 bf16, or 16 fp8 values), 8 warps down the rows; S [BLOCK_H, BLOCK_N] and
+    # O [BLOCK_H, R]: the two warpgroups side by side
+    dtype: gl.constexpr = q_ptr.dtype.element_ty
+    CONVERT: gl.constexpr = cache_ptr.dtype.element_ty != dtype  # fp8 cache: tiles upcast in shared memory
+    VEC: gl.constexpr = 16 if CONVERT else 8
+    ld: gl.constexpr = gl.BlockedLayout([1, VEC], [32 * VEC // 64, 64 // VEC], [8, 1], [1, 0])
     rows_l: gl.constexpr = gl.SliceLayout(1, ld)
     cols_l: gl.constexpr = gl.SliceLayout(0, ld)
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                   instr_shape=[16, BLOCK_N // 2, 16])
     o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, R // 2, 16])
-    dtype: gl.constexpr = cache_ptr.dtype.element_ty
     _pdl_prologue(PDL)
     hg = gl.program_id(0)
     split = gl.program_id(1)
@@ -94,15 +105,22 @@ def _mla_decode_wgmma_kernel(
     q_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, R], q_sl, gl.load(q_row + c[None, :], mask=h_ok, other=0.0))
     qpe_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, ROPE], qpe_sl,
                                          gl.load(q_row + (R + e)[None, :], mask=h_ok, other=0.0))
-    kv_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, R], kv_sl)
-    pe_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, ROPE], pe_sl)
+    # the cp.async ring (cache dtype) and, for fp8 caches, the tile in use upcast to the query's dtype
+    ring = gl.allocate_shared_memory(cache_ptr.dtype.element_ty, [STAGES, BLOCK_N, R], ring_sl)
+    ring_pe = gl.allocate_shared_memory(cache_ptr.dtype.element_ty, [STAGES, BLOCK_N, ROPE], ring_pe_sl)
+    if CONVERT:
+        kv_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, R], kv_sl)
+        pe_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, ROPE], pe_sl)
+    else:
+        kv_smem = ring
+        pe_smem = ring_pe
     p_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, BLOCK_N], p_sl)
 
     pages = kv_indices_ptr + gl.load(kv_indptr_ptr + seq).to(gl.int64)
     nr = gl.arange(0, BLOCK_N, rows_l)
     blk = _page_ids(pages, start + nr, end, BLOCK_SIZE)
     for t in gl.static_range(STAGES - 1):  # the ring's first tiles; blk ends one tile ahead of the last issued
-        _issue_tile(cache_ptr, kv_smem.index(t), pe_smem.index(t), blk, start + t * BLOCK_N + nr, end, s_b, s_t,
+        _issue_tile(cache_ptr, ring.index(t), ring_pe.index(t), blk, start + t * BLOCK_N + nr, end, s_b, s_t,
                     c, e, BLOCK_SIZE, R)
         cp.commit_group()
         blk = _page_ids(pages, start + (t + 1) * BLOCK_N + nr, end, BLOCK_SIZE)
@@ -118,16 +136,22 @@ def _mla_decode_wgmma_kernel(
         # refill the buffer iteration j - 1 read (every warpgroup is past its wgmmas: barrier), then wait for tile j
         gl.thread_barrier()
         ahead = j + STAGES - 1
-        _issue_tile(cache_ptr, kv_smem.index(ahead % STAGES), pe_smem.index(ahead % STAGES), blk,
+        _issue_tile(cache_ptr, ring.index(ahead % STAGES), ring_pe.index(ahead % STAGES), blk,
                     start + ahead * BLOCK_N + nr, end, s_b, s_t, c, e, BLOCK_SIZE, R)
         cp.commit_group()
         blk = _page_ids(pages, start + (ahead + 1) * BLOCK_N + nr, end, BLOCK_SIZE)
         cp.wait_group(STAGES - 1)
-        fence_async_shared()  # the cp.async writes, made visible to the wgmma (async proxy)
+        if CONVERT:  # every thread upcasts the part of tile j it copied (its own cp.async writes: no barrier)
+            kv_smem.index(0).store(ring.index(j % STAGES).load(ld).to(dtype))
+            pe_smem.index(0).store(ring_pe.index(j % STAGES).load(ld).to(dtype))
+        fence_async_shared()  # the tile's shared-memory writes, made visible to the wgmma (async proxy)
         gl.thread_barrier()
-        kv = kv_smem.index(j % STAGES)
-        s = warpgroup_mma(q_smem, kv.permute((1, 0)), gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_l), use_acc=False)
-        s = warpgroup_mma(qpe_smem, pe_smem.index(j % STAGES).permute((1, 0)), s)
+        kv = kv_smem.index(0 if CONVERT else j % STAGES)
+        pe = pe_smem.index(0 if CONVERT else j % STAGES)
+        s = warpgroup_mma(q_smem, kv.permute((1, 0)), gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_l), use_acc=False,
+                          is_async=True)
+        s = warpgroup_mma(qpe_smem, pe.permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma_wait(0, deps=(s,))
         s = gl.where((start + j * BLOCK_N + ns < end)[None, :], s * qk, float("-inf"))
         m_new = gl.maximum(m, gl.max(s, 1))
         alpha = gl.exp2(m - m_new)
@@ -159,18 +183,20 @@ def _mla_decode_wgmma_kernel(
         gl.store(out, o.to(out_ptr.dtype.element_ty), mask=o_mask)
 
 
-def shared_layouts(dtype: torch.dtype, r: int, rope: int, block_h: int = BLOCK_H, block_n: int = BLOCK_N) -> dict:
+def shared_layouts(dtype: torch.dtype, cache_dtype: torch.dtype, r: int, rope: int) -> dict:
     """The NVMMA (wgmma-ready, 128-byte swizzled) shared layouts of the kernel's buffers."""
-    g = GL_DTYPES[dtype]
+    g, gc = GL_DTYPES[dtype], GL_DTYPES[cache_dtype]
     nvmma = gl.NVMMASharedLayout.get_default_for
-    return dict(q_sl=nvmma([block_h, r], g), qpe_sl=nvmma([block_h, rope], g), kv_sl=nvmma([block_n, r], g),
-                pe_sl=nvmma([block_n, rope], g), p_sl=nvmma([block_h, block_n], g))
+    return dict(q_sl=nvmma([BLOCK_H, r], g), qpe_sl=nvmma([BLOCK_H, rope], g), kv_sl=nvmma([BLOCK_N, r], g),
+                pe_sl=nvmma([BLOCK_N, rope], g), p_sl=nvmma([BLOCK_H, BLOCK_N], g),
+                ring_sl=nvmma([BLOCK_N, r], gc), ring_pe_sl=nvmma([BLOCK_N, rope], gc))
 
 
 def wgmma_fits(query, cache, kv_lora_rank: int, out) -> bool:
-    """The kernel's shapes: 16-bit query and cache of one dtype, latent 512 + rope 64, unit feature strides."""
-    return (query.dtype in GL_DTYPES and cache.dtype == query.dtype and kv_lora_rank == 512
-            and query.shape[2] - kv_lora_rank == 64
+    """The kernel's shapes: a 16-bit query, a cache of its dtype or fp8 (upcast exactly in shared memory), latent
+    512 + rope 64, unit feature strides."""
+    return (query.dtype in (torch.bfloat16, torch.float16) and cache.dtype in (query.dtype, *FP8_DTYPES)
+            and kv_lora_rank == 512 and query.shape[2] - kv_lora_rank == 64
             and query.stride(2) == cache.stride(2) == out.stride(2) == 1)
 
 
@@ -183,7 +209,8 @@ def launch_mla_decode_wgmma(query, cache, kv_indptr, kv_indices, seq_lens, query
     _mla_decode_wgmma_kernel[grid](
         query, cache, kv_indptr, kv_indices, seq_lens, query_start_loc, cache_scale if scaled else query,
         out, po, plse, qk_scale, num_splits, heads, query.stride(0), query.stride(1), out.stride(0), out.stride(1),
-        cache.stride(0), cache.stride(1), **shared_layouts(cache.dtype, kv_lora_rank, width - kv_lora_rank),
+        cache.stride(0), cache.stride(1),
+        **shared_layouts(query.dtype, cache.dtype, kv_lora_rank, width - kv_lora_rank),
         BLOCK_SIZE=cache.shape[1], BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, R=kv_lora_rank, ROPE=width - kv_lora_rank,
         STAGES=STAGES, HAS_SCALE=scaled, SPLIT=num_splits > 1, num_warps=WARPS, **pdl(query.device),
     )

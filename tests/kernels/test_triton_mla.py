@@ -186,16 +186,16 @@ def test_decode_prefetch_and_f8_bits(block_h, block_n, warps, prefetch, f8_bits)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [BF16, F16], ids=ids)
+@pytest.mark.parametrize("dtype, cache_dtype", [(BF16, BF16), (F16, F16), (BF16, FP8), (F16, FP8)], ids=ids)
 @pytest.mark.parametrize("splits", [1, 3, 8])
 @pytest.mark.parametrize("heads", [64, 100, 128])
-def test_hopper_decode_matches_reference(heads, splits, dtype):
+def test_hopper_decode_matches_reference(heads, splits, dtype, cache_dtype):
     """mla_decode_hopper's wgmma kernel: head groups with masked heads (100), empty splits, contexts that end
-    inside a tile and inside a page, one-token contexts, long ones over many tiles."""
+    inside a tile and inside a page, one-token contexts, long ones over many tiles; fp8 caches with a scale."""
     if not hopper(torch.device("cuda")):
         pytest.skip("the wgmma kernel needs sm_90 (Hopper)")
     seqs = DECODES + [(1000, 1), (4099, 1), (129, 1)]
-    check_decode_config(seqs, heads, 512, 64, dtype, "cuda", 64, 64, 8, splits, wgmma=True)
+    check_decode_config(seqs, heads, 512, 64, dtype, "cuda", 64, 64, 8, splits, cache_dtype, wgmma=True)
 
 
 @pytest.mark.gpu
@@ -206,8 +206,8 @@ def test_hopper_kernel_is_picked_where_it_fits():
     assert mla_decode_config(32, 128, 4096, dev, BF16)["wgmma"]
     assert mla_decode_config(32, 128, 4096, dev, F16, F16)["wgmma"]
     assert not mla_decode_config(32, 16, 4096, dev, BF16)["wgmma"]  # 16 heads a program: the Triton kernel
+    assert mla_decode_config(32, 128, 4096, dev, BF16, FP8)["wgmma"]
     assert not mla_decode_config(32, 128, 4096, dev, F32)["wgmma"]
-    assert not mla_decode_config(32, 128, 4096, dev, BF16, FP8)["wgmma"]
 
 
 @pytest.mark.gpu
@@ -281,11 +281,11 @@ def test_kv_indices_match_reference(block):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [F32, BF16], ids=ids)
-def test_cuda_graph_replay_with_other_lengths(dtype):
+@pytest.mark.parametrize("dtype, heads", [(F32, 16), (BF16, 16), (BF16, 128)], ids=str)  # 128: Hopper's kernel
+def test_cuda_graph_replay_with_other_lengths(dtype, heads):
     """Captured once with upper-bound hints and persistent decode buffers in the scratch (the native engine's
     graph steps); replayed after new lengths, block tables and queries are copied into the same tensors."""
-    heads, r, rope, block = 16, 512, 64, 16
+    r, rope, block = 512, 64, 16
     seqs = [(300, 1)] * 4  # every table row covers 300 tokens: any length up to 300 is valid on replay
     q, cache, tables, seq_lens, qsl, _ = mla_batch(seqs, heads, r, rope, block, dtype, dtype, "cuda")
     seq_lens.copy_(torch.tensor([300, 17, 1, 90], dtype=torch.int32))
