@@ -42,7 +42,12 @@ from atom_kernels.triton._utils import pdl, pdl_prologue, pow2
 from atom_kernels.triton.attention_common import load_block_ids
 from atom_kernels.triton.attention_decode import _merge_kernel, num_sms, pick_splits
 from atom_kernels.triton.mla_common import attend_latent, load_latent_tile, load_query
-from atom_kernels.triton.mla_decode_hopper import launch_mla_decode_wgmma, wgmma_fits
+
+try:
+    from atom_kernels.triton.mla_decode_hopper import SUPPORTED as GLUON_HOPPER
+    from atom_kernels.triton.mla_decode_hopper import launch_mla_decode_wgmma, wgmma_fits
+except ImportError:  # a triton without Gluon: the Triton kernel everywhere
+    GLUON_HOPPER = False
 
 
 # Step-varying counts and step-buffer pointers are not specialized (no recompiles mid-serving), as in _decode_kernel.
@@ -168,7 +173,7 @@ def mla_decode_config(num_seqs: int, num_heads: int, max_seq_len: int, device, q
 
 def hopper(device: torch.device) -> bool:
     """sm_90 with room for mla_decode_hopper's ~225 KB of shared memory (wgmma is Hopper's alone)."""
-    return (device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
+    return (GLUON_HOPPER and device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
             and shared_memory(device) >= WGMMA_SMEM)
 
 

