@@ -171,6 +171,7 @@ def mla_decode_config(num_seqs: int, num_heads: int, max_seq_len: int, device, q
                 prefetch=fp8_prefetch, f8_bits=fp8_prefetch, wgmma=wgmma)
 
 
+@functools.cache
 def hopper(device: torch.device) -> bool:
     """sm_90 with room for mla_decode_hopper's ~225 KB of shared memory (wgmma is Hopper's alone)."""
     return (GLUON_HOPPER and device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
