@@ -205,13 +205,12 @@ def launch_mla_decode(query, cache, kv_indptr, kv_indices, seq_lens, query_start
         po = torch.empty((num_seqs, heads, num_splits, kv_lora_rank), dtype=torch.float32, device=query.device)
         plse = torch.empty((num_seqs, heads, num_splits), dtype=torch.float32, device=query.device)
     scaled = cache_scale is not None
-    grid = (triton.cdiv(heads, block_h), num_splits, num_seqs)
     launch = pdl(query.device)
     if wgmma and wgmma_fits(query, cache, kv_lora_rank, out):
         launch_mla_decode_wgmma(query, cache, kv_indptr, kv_indices, seq_lens, query_start_loc, qk_scale,
-                                kv_lora_rank, cache_scale, out, po, plse, num_splits)
+                                kv_lora_rank, cache_scale, out, po, plse, num_splits, launch)
     else:
-        _mla_decode_kernel[grid](
+        _mla_decode_kernel[(triton.cdiv(heads, block_h), num_splits, num_seqs)](
             query, cache, kv_indptr, kv_indices, seq_lens, query_start_loc, cache_scale if scaled else query,
             out, po, plse, qk_scale, num_splits, heads, kv_lora_rank, width - kv_lora_rank,
             *query.stride(), *out.stride(), *cache.stride(),

@@ -29,7 +29,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
-from atom_kernels.triton._utils import FP8_DTYPES, pdl
+from atom_kernels.triton._utils import FP8_DTYPES
 
 BLOCK_H, BLOCK_N, STAGES, WARPS = 64, 64, 2, 8
 # Gluon's API as triton 3.6 has it (tested on the H100). triton 3.8 (SGLang 0.5.23) lacks thread_barrier and 3.9
@@ -200,8 +200,9 @@ def wgmma_fits(query, cache, kv_lora_rank: int, out) -> bool:
 
 
 def launch_mla_decode_wgmma(query, cache, kv_indptr, kv_indices, seq_lens, query_start_loc, qk_scale, kv_lora_rank,
-                            cache_scale, out, po, plse, num_splits) -> None:
-    """The decode kernel over one-token sequences; the caller merges splits (mla_decode.launch_mla_decode)."""
+                            cache_scale, out, po, plse, num_splits, launch: dict) -> None:
+    """The decode kernel over one-token sequences; the caller merges splits (mla_decode.launch_mla_decode) and
+    passes its launch keywords (_utils.pdl, asked once a call)."""
     _, heads, width = query.shape
     grid = (-(-heads // BLOCK_H), num_splits, seq_lens.shape[0])
     scaled = cache_scale is not None
@@ -211,5 +212,5 @@ def launch_mla_decode_wgmma(query, cache, kv_indptr, kv_indices, seq_lens, query
         cache.stride(0), cache.stride(1),
         **shared_layouts(query.dtype, cache.dtype, kv_lora_rank, width - kv_lora_rank),
         BLOCK_SIZE=cache.shape[1], BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, R=kv_lora_rank, ROPE=width - kv_lora_rank,
-        STAGES=STAGES, HAS_SCALE=scaled, SPLIT=num_splits > 1, num_warps=WARPS, **pdl(query.device),
+        STAGES=STAGES, HAS_SCALE=scaled, SPLIT=num_splits > 1, num_warps=WARPS, **launch,
     )
