@@ -7,6 +7,10 @@ expanded to 16 heads). Bandwidth = bytes of K+V actually read / time. The ratio 
 variant with the highest bandwidth (goal >= 0.9); fp8/bf16 is our decode time with an fp8 e4m3 cache
 over that with a bf16 cache (goal <= 0.6).
 
+Then batches of mixed context lengths (B in {256, 128, 64, 32}, contexts uniform in [lo, 2048]: the decode
+batches of benchmarks/native_gpu.py --throughput as it drains) as a model step runs them (the step memo, so
+launched longest first) and in batch order (no memo: the former launch), as fractions of the copy bandwidth.
+
 Timing (gpu_times): every function is first called (compiling exactly the specialisation that is timed),
 then timed in ROUNDS rounds that interleave all functions of a shape, so a slow spell of the machine hits
 them alike. Within a round the host enqueues all reps behind a GPU sleep, so no host launch overhead is
@@ -29,6 +33,7 @@ import datetime
 import functools
 import multiprocessing
 import os
+import random
 import re
 import statistics
 import sys
@@ -46,6 +51,7 @@ from atom_kernels.triton.attention_common import softmax_scale
 from atom_kernels.triton.attention_decode import decode_config, launch_decode
 
 SHAPES = [(32, 4096), (128, 2048), (8, 16384)]
+MIXED = [(256, 100), (128, 300), (64, 500), (32, 800)]  # (batch, shortest context): contexts uniform in [lo, 2048]
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 16, 8, 128, 16
 ROUNDS, REPS = 5, 30  # main rows: 150 timed launches each
 SWEEP_ROUNDS, SWEEP_REPS = 2, 10
@@ -180,12 +186,64 @@ def summary(ts: list, rounds: int) -> tuple[float, float, float]:
     return statistics.median(ts), min(meds), max(meds)
 
 
-def ours(q, kc, vc, tables, seq_lens, qsl, seq, scales=(None, None)):
-    """Our decode through the public op (dispatcher, checks, decode_config: what a model step runs)."""
+def ours(q, kc, vc, tables, seq_lens, qsl, seq, scales=(None, None), memo=True):
+    """Our decode through the public op (dispatcher, checks, decode_config: what a model step runs), with a step
+    memo as a model step has (decode_order made once, as a step's first layer does); memo=False: batch order."""
     hints = dict(max_query_len=1, max_seq_len=seq, num_decodes=q.shape[0], num_prefills=0)
     out = torch.empty_like(q)
+    plan_cache = {} if memo else None
     return lambda: atom_kernels.paged_attention(q, kc, vc, tables, seq_lens, qsl, HEAD_DIM**-0.5,
-                                                k_scale=scales[0], v_scale=scales[1], out=out, **hints)
+                                                k_scale=scales[0], v_scale=scales[1], out=out, plan_cache=plan_cache,
+                                                **hints)
+
+
+def mixed_inputs(lens: list[int], g: torch.Generator, dtype=torch.bfloat16):
+    """A paged cache (block size BLOCK, blocks shuffled) for sequences of the given lengths, no contiguous copy."""
+    blocks = [-(-n // BLOCK) for n in lens]
+    perm = torch.randperm(sum(blocks), device="cuda", generator=g).to(torch.int32)
+    tables = torch.zeros(len(lens), max(blocks), dtype=torch.int32, device="cuda")
+    start = 0
+    for i, n in enumerate(blocks):
+        tables[i, :n] = perm[start:start + n]
+        start += n
+    kc, vc = (torch.randn(sum(blocks), BLOCK, KV_HEADS, HEAD_DIM, device="cuda", generator=g).to(dtype)
+              for _ in range(2))
+    return kc, vc, tables
+
+
+def mixed_rows(g: torch.Generator, say, bw: float) -> list[tuple]:
+    """Batches of mixed context lengths (the offline serving workload's decode batches as it drains: contexts
+    uniform in [lo, 2048]): ours launched longest first vs in batch order (the former grid), the same run."""
+    rng = random.Random(0)
+    rows = []
+    say(f"\nmixed context lengths (uniform in [lo, 2048]), bf16 KV; copy bandwidth {bw / 1e9:.0f} GB/s")
+    for b, lo in MIXED:
+        lens = [rng.randint(lo, 2048) for _ in range(b)]
+        q = torch.randn(b, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16, generator=g)
+        kc, vc, tables = mixed_inputs(lens, g)
+        seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+        qsl = torch.arange(b + 1, dtype=torch.int32, device="cuda")
+        fns = {"longest first": ours(q, kc, vc, tables, seq_lens, qsl, max(lens)),
+               "batch order": ours(q, kc, vc, tables, seq_lens, qsl, max(lens), memo=False)}
+        outs = [fn().clone() for fn in fns.values()]
+        assert torch.equal(outs[0], outs[1]), "the launch order changed the result"
+        timed, failed = gpu_times(fns)
+        assert not failed, failed
+        kv_bytes = sum(lens) * KV_HEADS * HEAD_DIM * 2 * 2
+        t = {n: summary(ts, ROUNDS)[0] for n, ts in timed.items()}
+        rows.append((b, lo, *(gbps(kv_bytes, t[n]) * 1e9 / bw for n in fns), t["batch order"] / t["longest first"]))
+        say(f"  {b:4d} x U[{lo}, 2048]: " + ", ".join(f"{n} {t[n] * 1e3:.1f} us" for n in fns))
+        del kc, vc
+        torch.cuda.empty_cache()
+    return rows
+
+
+def copy_bandwidth() -> float:
+    """Device copy bandwidth in bytes/s, counting read + write (2 GiB each way)."""
+    src = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    times, _ = gpu_times({"copy": lambda: dst.copy_(src)}, 3, 10)
+    return 2 * src.numel() / (summary(times["copy"], 3)[0] * 1e-3)
 
 
 def sdpa_variants(q, k, v):
@@ -359,6 +417,10 @@ def main() -> None:
             f"{spread:11.1%}")
     say("(fp8 GB/s: fp8 bytes read / time; round spread: max of (max - min) / median of the per-round medians of "
         "ours bf16 and the SDPA peer)")
+    mixed = mixed_rows(g, say, copy_bandwidth())
+    say("\n   B x contexts          of copy: longest first  batch order   batch order / longest first (time)")
+    for b, lo, first, batch_order, ratio in mixed:
+        say(f"{b:4d} x U[{lo:4d}, 2048]  {first:24.2f}  {batch_order:11.2f}  {ratio:12.2f}")
     report.save(args.out)
 
 

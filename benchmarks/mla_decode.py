@@ -35,7 +35,9 @@ import sys
 
 import torch
 import triton
-from attention_decode import Report, gpu_times, summary  # same timing method (benchmarks/ is on sys.path)
+
+# same timing method (benchmarks/ is on sys.path)
+from attention_decode import Report, copy_bandwidth, gpu_times, summary
 
 import atom_kernels
 from atom_kernels import reference
@@ -50,17 +52,8 @@ HEADS = (16, 128)
 R, ROPE, BLOCK = 512, 64, 16
 FP8 = torch.float8_e4m3fn
 ROUNDS, REPS = 5, 20
-COPY_BYTES = 2 << 30
 REF_BYTES = 24 << 30  # the reference's float32 gathers: skip it above this
 SCALE = (128 + ROPE) ** -0.5  # DeepSeek's qk_head_dim 192
-
-
-def copy_bandwidth() -> float:
-    """Device copy bandwidth in bytes/s, counting read + write."""
-    src = torch.empty(COPY_BYTES, dtype=torch.uint8, device=DEVICE)
-    dst = torch.empty_like(src)
-    times, _ = gpu_times({"copy": lambda: dst.copy_(src)}, 3, 10)
-    return 2 * COPY_BYTES / (summary(times["copy"], 3)[0] * 1e-3)
 
 
 def paged_latent(b: int, seq: int, g: torch.Generator):
@@ -166,7 +159,7 @@ def main() -> int:
     say(f"latent {R} + {ROPE}, block size {BLOCK} (shuffled), bf16 queries; median of {ROUNDS} interleaved rounds "
         f"x {REPS} launches, L2 flushed before each")
     copy_bw = copy_bandwidth()
-    say(f"device copy bandwidth: {copy_bw / 1e9:.0f} GB/s (read + write of a {COPY_BYTES >> 30} GiB copy)")
+    say(f"device copy bandwidth: {copy_bw / 1e9:.0f} GB/s (read + write of a 2 GiB copy)")
     g = torch.Generator(device=DEVICE).manual_seed(0)
     ones = torch.ones((), device=DEVICE)
     rows = []

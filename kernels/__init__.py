@@ -19,16 +19,14 @@ def paged_attention(
     """Varlen causal attention over paged KV; see atom_kernels.reference.attention for the contract.
 
     `hints` (max_query_len, max_seq_len, num_decodes, ...) let GPU kernels size their grids without
-    a host sync; the reference takes only `plan_cache` (a per-step dict, see AttentionMetadata.scratch);
-    host kernels take both.
+    a host sync; every backend takes `plan_cache` (a per-step dict, see AttentionMetadata.scratch), the
+    reference only that.
     """
     fn = dispatch.get("paged_attention", query.device)
     args = (query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale)
     kwargs = dict(sliding_window=sliding_window, k_scale=k_scale, v_scale=v_scale, out=out)
-    plan_cache = hints.pop("plan_cache", None)
     backend = dispatch.backend("paged_attention", query.device)
-    if backend != "triton":
-        kwargs["plan_cache"] = plan_cache
+    kwargs["plan_cache"] = hints.pop("plan_cache", None)
     if backend != "torch":
         kwargs.update(hints)
     return fn(*args, **kwargs)

@@ -13,7 +13,7 @@ import torch
 
 from atom_kernels.triton._utils import FLOAT_DTYPES, check, check_dtype, check_same_device, has_scales
 from atom_kernels.triton.attention_common import softmax_scale
-from atom_kernels.triton.attention_decode import decode_config, launch_decode
+from atom_kernels.triton.attention_decode import decode_config, decode_order, launch_decode
 from atom_kernels.triton.attention_prefill import launch_prefill, prefill_config
 from atom_kernels.triton.kv_cache import check_caches
 
@@ -43,12 +43,13 @@ def check_attention_args(query, k_cache, v_cache, block_tables, seq_lens, query_
 def paged_attention(
     query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
     sliding_window=None, k_scale=None, v_scale=None, out=None,
-    max_query_len=None, max_seq_len=None, num_decodes=None, num_prefills=None,
+    max_query_len=None, max_seq_len=None, num_decodes=None, num_prefills=None, plan_cache=None,
 ) -> torch.Tensor:
     """query [T, heads, d]; caches [num_blocks, block_size, kv_heads, d] (any strides) → out [T, heads, d].
 
     Hints are optional upper bounds from the metadata; without them both kernels are launched.
-    num_prefills is accepted for symmetry with the metadata but not needed.
+    num_prefills is accepted for symmetry with the metadata but not needed. plan_cache: the step's memo
+    (AttentionMetadata.scratch), where the decode launch order is made once for every layer.
     """
     if out is None:
         out = torch.empty_like(query)
@@ -72,5 +73,6 @@ def paged_attention(
         longest = max_seq_len if max_seq_len is not None else block_tables.shape[1] * k_cache.shape[1]
         cfg = decode_config(seq_lens.shape[0], k_cache.shape[2], longest, query.shape[2], query.device,
                             k_cache.dtype, query.dtype)
-        launch_decode(*args, **cfg)
+        order = decode_order(seq_lens, k_cache.shape[2], cfg["num_splits"], plan_cache)
+        launch_decode(*args, **cfg, order=order)
     return out

@@ -1,11 +1,19 @@
-"""Decode attention (one new token per sequence): split-KV flash-decoding, GQA-grouped.
+"""Decode attention (one new token per sequence): split-KV flash-decoding, GQA-grouped, longest first.
 
-Grid (num_seqs, kv_heads, num_splits): one program holds all query heads of one KV head ([G_PAD, D]
-so K/V are read once per KV head) and walks one contiguous split of the sequence's context. With
-more than one split, a second kernel merges the per-split partial outputs by their log-sum-exp.
-Sequences whose query length is not 1 are left to the prefill kernel (their programs exit at once).
-The split count only tunes parallelism: every split size is derived in-kernel from the real seq_len,
-so a grid sized from a stale max_seq_len hint (e.g. under a CUDA graph) still covers every key.
+Grid (kv_heads, num_splits, num_seqs): one program holds all query heads of one KV head ([G_PAD, D_PAD] so
+K/V are read once per KV head) and walks one contiguous split of one sequence's context. With more than
+one split, a second kernel merges the per-split partial outputs by their log-sum-exp. Sequences whose query
+length is not 1 are left to the prefill kernel (their programs exit at once). The split count only tunes
+parallelism: every split size is derived in-kernel from the real seq_len, so a grid sized from a stale
+max_seq_len hint (e.g. under a CUDA graph) still covers every key.
+
+Launch order: the GPU starts programs in grid order, and the sequences are its slowest axis, so all programs
+of one sequence start together; with `order` (a permutation of the sequences, longest first, made once a step:
+decode_order) the longest start first and the short ones fill the gaps at the end. A batch of mixed context
+lengths otherwise ends with a tail wave of long sequences on a part of the SMs. Measured on the H100 (bf16,
+16/8 heads, contexts uniform in [lo, 2048]), fraction of copy bandwidth, former grid (sequences fastest, batch
+order) -> longest first: 256 sequences 0.94 -> 0.99, 128: 0.87 -> 0.96, 64: 0.78 -> 0.91, 32: 0.78 -> 0.81.
+Any permutation gives the same result: the order only moves time.
 
 fp8 (e4m3) caches are dequantised by the per-tensor scales applied to the scores (k_scale) and to the
 output (v_scale), never per element; per element there is only the dtype conversion for the tensor-core
@@ -27,17 +35,19 @@ import torch
 import triton
 import triton.language as tl
 
-from atom_kernels.triton._utils import pdl, pdl_prologue, pow2
+from atom_kernels.reference.attention import step_memo
+from atom_kernels.triton._utils import check, pdl, pdl_prologue, pow2
 from atom_kernels.triton.attention_common import attend_tile, load_block_ids, load_kv_tile
 
 
 # Not specialized: window (a compile-time 1 would turn the mask logic into Python bools), and what changes step
 # to step (num_splits, the block table's row stride, the addresses of slices of the host's step buffers), which
 # Triton would otherwise compile a variant for per value equal to 1 / divisible by 16 or per 16-byte alignment.
-@triton.jit(do_not_specialize=["window", "num_splits", "s_bt", "qsl_ptr", "seq_lens_ptr", "bt_ptr"])
+@triton.jit(do_not_specialize=["window", "num_splits", "ordered", "s_bt", "qsl_ptr", "seq_lens_ptr", "bt_ptr",
+                               "order_ptr"])
 def _decode_kernel(
-    q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, k_scale_ptr, v_scale_ptr, out_ptr, po_ptr, plse_ptr,
-    qk_scale, window, num_splits,
+    q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, order_ptr, k_scale_ptr, v_scale_ptr, out_ptr, po_ptr,
+    plse_ptr, qk_scale, window, num_splits, ordered,
     sq_t, sq_h, sq_d, so_t, so_h, so_d, s_bt, s_btc,
     skc_b, skc_t, skc_h, skc_d, svc_b, svc_t, svc_h, svc_d,
     HEAD_DIM, GROUP, NUM_HEADS,
@@ -45,9 +55,10 @@ def _decode_kernel(
     HAS_SCALE: tl.constexpr, SPLIT: tl.constexpr, DOT_F16: tl.constexpr, V_REGS: tl.constexpr, PDL: tl.constexpr,
 ):
     pdl_prologue(PDL)
-    seq = tl.program_id(0)
-    kvh = tl.program_id(1)
-    split = tl.program_id(2)
+    kvh = tl.program_id(0)
+    split = tl.program_id(1)
+    seq = tl.program_id(2)  # the launch-order rank; the sequence itself when not ordered (a runtime flag: one variant)
+    seq = tl.where(ordered != 0, tl.load(order_ptr + seq, mask=ordered != 0, other=0), seq)
     q_start = tl.load(qsl_ptr + seq).to(tl.int64)
     if tl.load(qsl_ptr + seq + 1) - q_start != 1:
         return
@@ -186,16 +197,29 @@ def pick_splits(programs: int, slots: int, max_splits: int) -> int:
     return best
 
 
+def decode_order(seq_lens: torch.Tensor, kv_heads: int, num_splits: int, plan_cache: dict | None):
+    """The launch order for _decode_kernel: sequence indices longest first (int32, on the device, no host sync),
+    made once a step (memo in plan_cache, the metadata's scratch); None where the grid fits in one wave of
+    programs (the order cannot matter there) or there is no step to share it with (a sort per call would cost
+    more than it saves)."""
+    num_seqs = seq_lens.shape[0]
+    if plan_cache is None or num_seqs * kv_heads * num_splits <= PROGRAMS_PER_SM * num_sms(seq_lens.device):
+        return None
+    return step_memo(plan_cache, ("triton.decode_order", seq_lens.data_ptr(), num_seqs),
+                     lambda: torch.argsort(seq_lens, descending=True).to(torch.int32))
+
+
 def launch_decode(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, qk_scale, window,
                   k_scale, v_scale, out, num_splits, block_n, num_warps, num_stages, v_regs=False,
-                  f16_dots=True, maxnreg=None) -> None:
+                  f16_dots=True, maxnreg=None, order=None) -> None:
     """Run the decode kernel (+ merge) for the one-token sequences of the batch; arguments pre-checked.
 
     v_regs: V tiles through registers (see the module docstring; meant for fp8 caches). f16_dots=False keeps
     bf16 dots for fp8 caches with bf16 queries (the slower former path, for comparison). maxnreg: a register
-    cap per thread (ptxas), to fit more programs per SM.
+    cap per thread (ptxas), to fit more programs per SM. order: decode_order's permutation (None: batch order).
     """
     num_seqs = seq_lens.shape[0]
+    check(num_seqs < 65536, f"{num_seqs} sequences in one batch; at most 65535 (the grid's third axis)")
     _, heads, head_dim = query.shape
     kv_heads = k_cache.shape[2]
     group = heads // kv_heads
@@ -206,10 +230,10 @@ def launch_decode(query, k_cache, v_cache, block_tables, seq_lens, query_start_l
         plse = torch.empty((num_seqs, heads, num_splits), dtype=torch.float32, device=query.device)
     scaled = k_scale is not None
     launch = pdl(query.device)
-    _decode_kernel[(num_seqs, kv_heads, num_splits)](
-        query, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
+    _decode_kernel[(kv_heads, num_splits, num_seqs)](
+        query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, seq_lens if order is None else order,
         k_scale if scaled else query, v_scale if scaled else query, out, po, plse,
-        qk_scale, window, num_splits, *query.stride(), *out.stride(), *block_tables.stride(),
+        qk_scale, window, num_splits, int(order is not None), *query.stride(), *out.stride(), *block_tables.stride(),
         *k_cache.stride(), *v_cache.stride(), head_dim, group, heads,
         BLOCK_SIZE=k_cache.shape[1], G_PAD=pow2(group, 16), D_PAD=pow2(head_dim, 16), BLOCK_N=block_n,
         HAS_SCALE=scaled, SPLIT=split, V_REGS=v_regs,

@@ -15,7 +15,7 @@ pytest.importorskip("triton")
 from atom_kernels import reference as ref  # noqa: E402  (after the triton skip)
 from atom_kernels.triton.attention import paged_attention  # noqa: E402
 from atom_kernels.triton.attention_common import softmax_scale  # noqa: E402
-from atom_kernels.triton.attention_decode import _decode_kernel, _merge_kernel, launch_decode  # noqa: E402
+from atom_kernels.triton.attention_decode import PROGRAMS_PER_SM, _decode_kernel, _merge_kernel, launch_decode, num_sms  # noqa: E402
 from atom_kernels.triton.attention_prefill import _prefill_kernel, launch_prefill, prefill_config  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -177,6 +177,46 @@ def test_decode_split_counts(dtype, num_splits, block_n):
     check(out, expected(b), dtype)
 
 
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("order", ["longest", "shortest", "random"])
+def test_decode_any_launch_order(num_splits, order):
+    """The launch order is any permutation of the sequences (decode_order's longest-first one, or a stale one a
+    host kept by mistake): each sequence is still attended exactly once, so the answer is the same."""
+    specs = [(300, 1), (1, 1), (129, 1), (64, 1), (40, 7), (1000, 1), (17, 1)]
+    b, _ = make_batch(specs, 16, 4, 128, 16, BF16, seed=num_splits)
+    lens = b["seq_lens"]
+    perm = {"longest": torch.argsort(lens, descending=True), "shortest": torch.argsort(lens),
+            "random": torch.randperm(len(specs), device="cuda")}[order].to(torch.int32)
+    out = torch.full_like(b["query"], float("nan"))
+    launch_decode(*positional(b)[:-1], softmax_scale(128**-0.5), 0, None, None, out, num_splits, 64, 4, 2,
+                  order=perm)
+    decode = torch.repeat_interleave(torch.tensor([q == 1 for _, q in specs]), torch.tensor([q for _, q in specs]))
+    check(out[decode], expected(b)[decode], BF16)
+    assert out[~decode].isnan().all()  # the prefill row is the prefill kernel's
+
+
+def test_decode_order_made_once_a_step():
+    """paged_attention with the step's memo: a batch of more programs than one wave runs longest first, the order
+    made once for every layer of the step; a batch of one wave, or a call without a memo, keeps batch order."""
+    g = torch.Generator().manual_seed(5)
+    big = [(int(n), 1) for n in torch.randint(1, 700, (PROGRAMS_PER_SM * num_sms(torch.device("cuda")) // 8 + 9,),
+                                              generator=g)]
+    b, hints = make_batch(big, 16, 8, 128, 16, BF16, seed=5)
+    memo = {}
+    out = paged_attention(*positional(b), plan_cache=memo, **hints)
+    check(out, expected(b), BF16)
+    (key, order), = memo.items()
+    assert key[0] == "triton.decode_order"
+    assert order.dtype == torch.int32 and torch.equal(b["seq_lens"][order.long()],
+                                                      b["seq_lens"].sort(descending=True).values)
+    again = paged_attention(*positional(b), plan_cache=memo, **hints)  # the next layer: the same order, no new one
+    assert list(memo.values()) == [order] and torch.equal(again, out)
+    small, hints = make_batch(big[:3], 16, 8, 128, 16, BF16, seed=6)
+    memo = {}
+    check(paged_attention(*positional(small), plan_cache=memo, **hints), expected(small), BF16)
+    assert memo == {}
+
+
 @pytest.mark.parametrize("dtype", [BF16, F16], ids=ids)
 @pytest.mark.parametrize("num_splits, block_n, num_warps, v_regs, f16_dots", [
     (1, 64, 4, True, True), (3, 32, 8, True, True), (40, 16, 4, True, True), (3, 64, 8, False, True),
@@ -250,7 +290,8 @@ def test_step_varying_args_compile_once():
         args = (b["query"], b["k_cache"], b["v_cache"], *meta, qk_scale, 0, None, None)
         out = torch.full_like(b["query"], float("nan"))
         launch_prefill(*args, out, skip_decodes=True, block_m=64, block_n=64, num_warps=4, num_stages=2)
-        launch_decode(*args, out, 9 if i % 2 else 16, 64, 4, 2)  # both 16 rows of partials in the merge
+        order = torch.randperm(n, device="cuda").to(torch.int32) if i % 2 else None  # (a runtime flag)
+        launch_decode(*args, out, 9 if i % 2 else 16, 64, 4, 2, order=order)  # both 16 rows of partials in the merge
         check(out, expected(b), BF16)
         counts = [compiled(k) for k in kernels]
         before = before or counts

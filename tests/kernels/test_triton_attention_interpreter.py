@@ -1,4 +1,5 @@
-"""The Triton prefill kernel (and the op around it) vs the torch reference under Triton's CPU interpreter.
+"""The Triton prefill kernel (and the op around it, decodes launched longest first too) vs the torch reference
+under Triton's CPU interpreter.
 
 Tiny shapes on CPU tensors, in a subprocess (TRITON_INTERPRET is read at import). float32 and float16 only
 (the interpreter of triton 3.6 multiplies bf16 tiles as raw int16 bits), fp8 K/V with scales. The GPU tests
@@ -42,6 +43,18 @@ def check_prefill(heads, kv_heads, dtype, cache_dtype=None, window=0, layout="na
     check(out, want, dtype)
 
 
+def check_decode_order(dtype, cache_dtype=None, seed=0) -> None:
+    """Decodes of more programs than one wave (the interpreter counts 8 SMs: 16 slots; 9 sequences x 2 KV heads)
+    through the op with a step memo: launched longest first, the order made once; the same answer."""
+    specs = [(1 + 11 * i % 47, 1) for i in range(9)]
+    b, hints = make_batch(specs, 4, 2, D, BLOCK_SIZE, dtype, cache_dtype, seed=seed, device="cpu")
+    memo = {}
+    out = torch.full_like(b["query"], float("nan"))
+    paged_attention(*positional(b), k_scale=b["k_scale"], v_scale=b["v_scale"], out=out, plan_cache=memo, **hints)
+    assert [k[0] for k in memo] == ["triton.decode_order"], memo
+    check(out, expected(b), dtype)
+
+
 def interpreter_checks() -> None:
     """Run with TRITON_INTERPRET=1 on a machine without a GPU."""
     for heads, kv_heads in HEADS:
@@ -54,6 +67,8 @@ def interpreter_checks() -> None:
         check_prefill(4, 2, dtype, FP8, seed=3)
         check_prefill(8, 1, dtype, FP8, window=5, seed=4)
     check_prefill(4, 1, F32, layout="vllm", seed=5)  # strided K/V halves of one [blocks, kv_heads, bs, 2d]
+    check_decode_order(F32, seed=6)
+    check_decode_order(F16, FP8, seed=7)
     print("interpreter checks passed")
 
 
