@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.frontends.native.hf_oracle import hf_greedy
-from tests.frontends.vllm.conftest import CHECKPOINTS, NEW_TOKENS, parity_jobs, run_vllm, until_eos
+from tests.frontends.native.hf_oracle import hf_greedy, hf_model, random_prompts
+from tests.frontends.vllm.conftest import CHECKPOINTS, ENGINES, NEW_TOKENS, parity_jobs, run_vllm, until_eos
 
 pytest.importorskip("vllm", reason="needs vllm (a GPU build: ../shared/gpu_vllm/README.md)")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -48,6 +48,46 @@ def test_greedy_tokens_match_vllm_own_model_and_transformers(gpu_runs, vllm_chec
     assert own[name]["rounds"][0]["tokens"] == expected, "vLLM's own model disagrees with transformers"
     for round_ in ours[name]["rounds"]:
         assert round_["tokens"] == expected
+
+
+def _divergences(path, prompts, got, want) -> list[tuple[int, int, float]]:
+    """(prompt, step, transformers' float32 logit of its token minus that of ours) where got (vLLM's, cut after
+    EOS as transformers stops) != want."""
+    model = hf_model(path, device="cuda")
+    found = []
+    for i, (g, w) in enumerate(zip(until_eos(got), want)):
+        if g != w:  # they differ within the shorter: a common prefix would end in EOS in both
+            step = next(k for k in range(min(len(g), len(w))) if g[k] != w[k])
+            with torch.inference_mode():
+                logits = model(torch.tensor([prompts[i] + w[:step]], device="cuda")).logits[0, -1].float()
+            found.append((i, step, (logits[w[step]] - logits[g[step]]).item()))
+    return found
+
+
+def test_many_sequences_launched_longest_first_match_transformers(vllm_checkpoint, tmp_path_factory):
+    """160 prompts of 2-90 tokens at once: the decode batches (160 sequences x 2 KV heads > 2 programs per SM of
+    an H100) run the decode kernel longest first, its order made once a step inside vLLM's full decode graphs
+    (and per step in piecewise mixed steps). float32 greedy tokens == transformers' on every prompt, but where
+    transformers' logits of the two tokens are within 1e-4 (a near-tie float32 rounding may flip); vLLM's own
+    model's divergences printed for comparison. Not yet seen passing: session 11's first version (ours == vLLM's
+    own exactly) differed on 1 of 160 prompts at step 8, and the device time ran out before this comparison with
+    transformers could say whose token was right."""
+    path = vllm_checkpoint("qwen3")
+    prompts = random_prompts(torch.randint(2, 91, (160,), generator=torch.Generator().manual_seed(11)).tolist(),
+                             seed=11)
+    job = {"model": str(path), "prompts": prompts, "max_tokens": NEW_TOKENS,
+           "engine": {**ENGINES["qwen3"], "max_num_seqs": 256}}
+    (ours,), _ = run_vllm([job], tmp_path_factory.mktemp("gpu_many_atom"), VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    (own,), _ = run_vllm([job], tmp_path_factory.mktemp("gpu_many_own"), VLLM_ENABLE_V1_MULTIPROCESSING="0",
+                         ATOM_DISABLE_VLLM_PLUGIN="1")
+    assert ours["workers"][0]["model_class"] == "atom_frontends.vllm.model.AtomForCausalLM"
+    assert ours["cudagraph_mode"] == "FULL_AND_PIECEWISE"
+    expected = hf_greedy(path, prompts, NEW_TOKENS, device="cuda")
+    assert len(set(map(tuple, expected))) > 100, "degenerate reference: most prompts give the same tokens"
+    mine = _divergences(path, prompts, ours["rounds"][0]["tokens"], expected)
+    theirs = _divergences(path, prompts, own["rounds"][0]["tokens"], expected)
+    print(f"vs transformers: ours {mine}, vLLM's own {theirs} (prompt, step, logit margin)")
+    assert all(abs(margin) < 1e-4 for _, _, margin in mine), mine
 
 
 @pytest.fixture(scope="module")
