@@ -9,7 +9,8 @@ over that with a bf16 cache (goal <= 0.6).
 
 Then batches of mixed context lengths (B in {256, 128, 64, 32}, contexts uniform in [lo, 2048]: the decode
 batches of benchmarks/native_gpu.py --throughput as it drains) as a model step runs them (the step memo, so
-launched longest first) and in batch order (no memo: the former launch), as fractions of the copy bandwidth.
+launched longest first) and in batch order (no memo; the grid as now, sequences its slowest axis), as fractions
+of the copy bandwidth.
 
 Timing (gpu_times): every function is first called (compiling exactly the specialisation that is timed),
 then timed in ROUNDS rounds that interleave all functions of a shape, so a slow spell of the machine hits
@@ -213,7 +214,7 @@ def mixed_inputs(lens: list[int], g: torch.Generator, dtype=torch.bfloat16):
 
 def mixed_rows(g: torch.Generator, say, bw: float) -> list[tuple]:
     """Batches of mixed context lengths (the offline serving workload's decode batches as it drains: contexts
-    uniform in [lo, 2048]): ours launched longest first vs in batch order (the former grid), the same run."""
+    uniform in [lo, 2048]): ours launched longest first vs in batch order (no memo), the same run."""
     rng = random.Random(0)
     rows = []
     say(f"\nmixed context lengths (uniform in [lo, 2048]), bf16 KV; copy bandwidth {bw / 1e9:.0f} GB/s")
