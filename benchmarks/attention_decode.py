@@ -232,7 +232,7 @@ def mixed_rows(g: torch.Generator, say, bw: float) -> list[tuple]:
         assert not failed, failed
         kv_bytes = sum(lens) * KV_HEADS * HEAD_DIM * 2 * 2
         t = {n: summary(ts, ROUNDS)[0] for n, ts in timed.items()}
-        rows.append((b, lo, *(gbps(kv_bytes, t[n]) * 1e9 / bw for n in fns), t["batch order"] / t["longest first"]))
+        rows.append((b, lo, *(kv_bytes / (t[n] * 1e-3) / bw for n in fns), t["batch order"] / t["longest first"]))
         say(f"  {b:4d} x U[{lo}, 2048]: " + ", ".join(f"{n} {t[n] * 1e3:.1f} us" for n in fns))
         del kc, vc
         torch.cuda.empty_cache()

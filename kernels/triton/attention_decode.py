@@ -12,7 +12,8 @@ of one sequence start together; with `order` (a permutation of the sequences, lo
 decode_order) the longest start first and the short ones fill the gaps at the end. A batch of mixed context
 lengths otherwise ends with a tail wave of long sequences on a part of the SMs. Measured on the H100 (bf16,
 16/8 heads, contexts uniform in [lo, 2048]), fraction of copy bandwidth, former grid (sequences fastest, batch
-order) -> longest first: 256 sequences 0.94 -> 0.99, 128: 0.87 -> 0.96, 64: 0.78 -> 0.91, 32: 0.78 -> 0.81.
+order) -> longest first: 256 sequences 0.94 -> 0.99, 128: 0.87 -> 0.96, 64: 0.78 -> 0.87-0.91 (scratch runs and
+benchmarks/attention_decode.py); 32 sequences are one wave there (no order made), 0.75-0.81 either way.
 Any permutation gives the same result: the order only moves time.
 
 fp8 (e4m3) caches are dequantised by the per-tensor scales applied to the scores (k_scale) and to the

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.frontends.native.hf_oracle import hf_greedy, hf_model, random_prompts
+from tests.frontends.native.hf_oracle import hf_greedy, hf_model, informative_greedy, random_prompts
 from tests.frontends.vllm.conftest import CHECKPOINTS, ENGINES, NEW_TOKENS, parity_jobs, run_vllm, until_eos
 
 pytest.importorskip("vllm", reason="needs vllm (a GPU build: ../shared/gpu_vllm/README.md)")
@@ -50,10 +50,9 @@ def test_greedy_tokens_match_vllm_own_model_and_transformers(gpu_runs, vllm_chec
         assert round_["tokens"] == expected
 
 
-def _divergences(path, prompts, got, want) -> list[tuple[int, int, float]]:
+def _divergences(model, prompts, got, want) -> list[tuple[int, int, float]]:
     """(prompt, step, transformers' float32 logit of its token minus that of ours) where got (vLLM's, cut after
-    EOS as transformers stops) != want."""
-    model = hf_model(path, device="cuda")
+    EOS as transformers stops) != want (`model`'s greedy tokens)."""
     found = []
     for i, (g, w) in enumerate(zip(until_eos(got), want)):
         if g != w:  # they differ within the shorter: a common prefix would end in EOS in both
@@ -83,10 +82,11 @@ def test_many_sequences_launched_longest_first_match_transformers(vllm_checkpoin
                          ATOM_DISABLE_VLLM_PLUGIN="1")
     assert ours["workers"][0]["model_class"] == "atom_frontends.vllm.model.AtomForCausalLM"
     assert ours["cudagraph_mode"] == "FULL_AND_PIECEWISE"
-    expected = hf_greedy(path, prompts, NEW_TOKENS, device="cuda")
+    model = hf_model(path, device="cuda")  # one load serves the reference tokens and both margin checks
+    expected = informative_greedy(model, prompts, NEW_TOKENS, path)
     assert len(set(map(tuple, expected))) > 100, "degenerate reference: most prompts give the same tokens"
-    mine = _divergences(path, prompts, ours["rounds"][0]["tokens"], expected)
-    theirs = _divergences(path, prompts, own["rounds"][0]["tokens"], expected)
+    mine = _divergences(model, prompts, ours["rounds"][0]["tokens"], expected)
+    theirs = _divergences(model, prompts, own["rounds"][0]["tokens"], expected)
     print(f"vs transformers: ours {mine}, vLLM's own {theirs} (prompt, step, logit margin)")
     assert all(abs(margin) < 1e-4 for _, _, margin in mine), mine
 
