@@ -9,6 +9,7 @@ copy). TFLOP/s counts 2 * B * H * L * (576 + 512). Peers over the same latent va
   - "torch bmm": absorbed decode in bf16 matmuls over a contiguous [B, L, 576] latent (logits, softmax, P @ V),
   - "reference": atom_kernels.reference.mla_attention over the same paged cache (float32 math, the test
     oracle); skipped where its float32 copies (GQA expands the latent per head) would exceed REF_BYTES.
+Then batches of mixed context lengths (MIXED, uniform in [256, 4096]) launched longest first vs in batch order.
 A mini-sweep of heads per program (BLOCK_H 16/32/64) of the Triton kernel shows what the default config leaves on
 the table; with more than 32 heads on an H100 the default ("ours") is Hopper's wgmma kernel (mla_decode_hopper),
 so there the BLOCK_H=64 row is the Triton kernel it replaced.
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import sys
 
 import torch
@@ -43,10 +45,17 @@ import atom_kernels
 from atom_kernels import reference
 from atom_kernels.reference.mla import mla_decode_metadata
 from atom_kernels.triton.attention_common import softmax_scale
-from atom_kernels.triton.attention_decode import num_sms, pick_splits
-from atom_kernels.triton.mla_decode import PROGRAMS_PER_SM, launch_mla_decode, mla_decode_config
+from atom_kernels.triton.attention_decode import decode_order, num_sms, pick_splits
+from atom_kernels.triton.mla_decode import (
+    PROGRAMS_PER_SM,
+    launch_mla_decode,
+    mla_decode_config,
+    resident_programs,
+    wgmma_fits,
+)
 
 SHAPES = [(64, 4096), (128, 2048), (16, 16384)]
+MIXED = [(512, 16), (128, 128), (256, 128)]  # (sequences, heads): more programs than one wave on an H100
 DEVICE = "cuda"
 HEADS = (16, 128)
 R, ROPE, BLOCK = 512, 64, 16
@@ -79,13 +88,19 @@ def with_config(q, cache, tables, seq_lens, qsl, seq, block_h, scale=None, **for
     """Our Triton decode kernel (not Hopper's wgmma one unless forced) with BLOCK_H (and any other launch setting)
     forced; the rest as mla_decode_config picks them, the split count for the number of head groups."""
     meta = mla_decode_metadata(tables, seq_lens, BLOCK)
-    cfg = mla_decode_config(q.shape[0], q.shape[1], seq, q.device, q.dtype, cache.dtype)
+    cfg = picked_config(q, cache, seq)
     programs = q.shape[0] * triton.cdiv(q.shape[1], block_h)
     splits = pick_splits(programs, PROGRAMS_PER_SM * num_sms(q.device), triton.cdiv(seq, 256))
     cfg.update(block_h=block_h, num_warps=4 if block_h <= 16 else 8, num_splits=splits, wgmma=False)
     cfg.update(forced)
     out = q.new_empty(*q.shape[:2], R)
     return lambda: launch_mla_decode(q, cache, *meta, seq_lens, qsl, softmax_scale(SCALE), R, scale, out, **cfg)
+
+
+def picked_config(q, cache, seq: int) -> dict:
+    """mla_decode_config as the op calls it for these arguments."""
+    fits = wgmma_fits(q, cache, R, q.new_empty(*q.shape[:2], R))
+    return mla_decode_config(q.shape[0], q.shape[1], seq, q.device, q.dtype, cache.dtype, fits)
 
 
 def sweep_configs(q, seq, fp8: bool, quick: bool) -> list[dict]:
@@ -98,7 +113,7 @@ def sweep_configs(q, seq, fp8: bool, quick: bool) -> list[dict]:
     alone by the pipeliner (ptxas: the same code at 1 and 3 stages). f8_bits off and on for fp8.
     """
     heads = q.shape[1]
-    default_bh = mla_decode_config(q.shape[0], heads, seq, q.device, q.dtype)["block_h"]
+    default_bh = picked_config(q, q.new_empty(1, BLOCK, R + ROPE), seq)["block_h"]
     variants = [(s, False) for s in ((2, 3) if quick else (1, 2, 3))] + [(1, True)]
     cfgs = []
     for bh in (b for b in (16, 32, 64) if b <= triton.next_power_of_2(heads) and (not quick or b == default_bh)):
@@ -132,6 +147,51 @@ def sweep(q, caches, tables, seq_lens, qsl, seq, nbytes, quick=False) -> list[st
     if len(best) == 2:
         lines.append(f"  sweep best fp8 / best bf16: {best['fp8'] / best['bf16']:.2f} (goal <= 0.60)")
     return lines
+
+
+def mixed_rows(g: torch.Generator, say, copy_bw: float) -> None:
+    """Decode batches of mixed context lengths (uniform in [256, 4096], bf16 latent) with more programs than one wave:
+    the kernel mla_decode_config picks, launched longest first (decode_order, as the op does) vs in batch order,
+    same run; fraction of copy bandwidth."""
+    import random
+
+    rng = random.Random(0)
+    say("\nmixed context lengths (uniform in [256, 4096]), bf16 latent: longest first vs batch order")
+    for b, heads in MIXED:
+        lens = [rng.randint(256, 4096) for _ in range(b)]
+        blocks = [-(-n // BLOCK) for n in lens]
+        perm = torch.randperm(sum(blocks), device=DEVICE, generator=g).to(torch.int32)
+        tables = torch.zeros(b, max(blocks), dtype=torch.int32, device=DEVICE)
+        for i, start in enumerate(torch.tensor([0] + blocks).cumsum(0)[:-1].tolist()):
+            tables[i, :blocks[i]] = perm[start:start + blocks[i]]
+        cache = torch.randn(sum(blocks), BLOCK, R + ROPE, device=DEVICE, generator=g).to(torch.bfloat16)
+        q = torch.randn(b, heads, R + ROPE, device=DEVICE, dtype=torch.bfloat16, generator=g) * 0.5
+        seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+        qsl = torch.arange(b + 1, dtype=torch.int32, device=DEVICE)
+        meta = mla_decode_metadata(tables, seq_lens, BLOCK)
+        cfg = picked_config(q, cache, max(lens))
+        order = decode_order(seq_lens, triton.cdiv(heads, cfg["block_h"]) * cfg["num_splits"],
+                             resident_programs(cfg["wgmma"], q.device), {})
+        kernel = "wgmma" if cfg["wgmma"] else f"Triton BLOCK_H={cfg['block_h']}"
+        if order is None:
+            say(f"  {b:4d} sequences, {heads:3d} heads ({kernel}): one wave, no order")
+            continue
+        outs = [q.new_empty(b, heads, R) for _ in range(2)]
+        args = (q, cache, *meta, seq_lens, qsl, softmax_scale(SCALE), R, None)
+        fns = {"longest first": functools.partial(launch_mla_decode, *args, outs[0], **cfg, order=order),
+               "batch order": functools.partial(launch_mla_decode, *args, outs[1], **cfg, order=None)}
+        for fn in fns.values():
+            fn()
+        assert torch.equal(outs[0], outs[1]), "the launch order changed the result"
+        timed, failed = gpu_times(fns, ROUNDS, REPS)
+        assert not failed, failed
+        t = {n: summary(ts, ROUNDS)[0] for n, ts in timed.items()}
+        frac = {n: sum(lens) * (R + ROPE) * 2 / (t[n] * 1e-3) / copy_bw for n in t}
+        say(f"  {b:4d} sequences, {heads:3d} heads ({kernel}, {cfg['num_splits']} splits): " + ", ".join(
+            f"{n} {t[n] * 1e3:.1f} us ({frac[n]:.2f} of copy)" for n in t)
+            + f"; batch order / longest first {t['batch order'] / t['longest first']:.2f}")
+        del cache
+        torch.cuda.empty_cache()
 
 
 def torch_bmm(q, lat):
@@ -193,7 +253,7 @@ def main() -> int:
             med = {n: summary(ts, ROUNDS)[0] for n, ts in timed.items()}
             nbytes = {"bf16": b * seq * (R + ROPE) * 2, "fp8": b * seq * (R + ROPE)}
             flops = 2 * b * heads * seq * (R + ROPE + R)
-            cfg = mla_decode_config(b, heads, seq, q.device, q.dtype)
+            cfg = picked_config(q, cache, seq)
             say(f"\nB={b} L={seq} heads={heads}: latent {nbytes['bf16'] / 1e6:.0f} MB (bf16); max|ours - fp32 "
                 f"torch| bf16 {errs['ours bf16']}, fp8 {errs['ours fp8']} (fp8 rounding included); "
                 f"mla_decode_config {cfg}")
@@ -215,6 +275,8 @@ def main() -> int:
             rows.append((b, seq, heads, med, nbytes, flops, best))
         del lat, cache, cache8
         torch.cuda.empty_cache()
+
+    mixed_rows(g, say, copy_bw)
 
     say("\n   B x L     heads  ours bf16 us  GB/s  of copy  TFLOP/s  ours fp8 us  of copy  fp8/bf16  "
         "torch bmm us  reference us  best BLOCK_H bf16 / fp8")

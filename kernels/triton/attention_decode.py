@@ -198,13 +198,14 @@ def pick_splits(programs: int, slots: int, max_splits: int) -> int:
     return best
 
 
-def decode_order(seq_lens: torch.Tensor, kv_heads: int, num_splits: int, plan_cache: dict | None):
-    """The launch order for _decode_kernel: sequence indices longest first (int32, on the device, no host sync),
-    made once a step (memo in plan_cache, the metadata's scratch); None where the grid fits in one wave of
-    programs (the order cannot matter there) or there is no step to share it with (a sort per call would cost
-    more than it saves)."""
+def decode_order(seq_lens: torch.Tensor, programs_per_seq: int, slots: int, plan_cache: dict | None):
+    """The launch order for a decode grid whose slowest axis is the sequences (_decode_kernel, the MLA decode
+    kernels): sequence indices longest first (int32, on the device, no host sync), made once a step (memo in
+    plan_cache, the metadata's scratch; every decode kernel of the step shares it). None where the grid's programs
+    fit in one wave of `slots` resident programs (the order cannot matter there) or there is no step to share it
+    with (a sort per call would cost more than it saves)."""
     num_seqs = seq_lens.shape[0]
-    if plan_cache is None or num_seqs * kv_heads * num_splits <= PROGRAMS_PER_SM * num_sms(seq_lens.device):
+    if plan_cache is None or num_seqs * programs_per_seq <= slots:
         return None
     return step_memo(plan_cache, ("triton.decode_order", seq_lens.data_ptr(), num_seqs),
                      lambda: torch.argsort(seq_lens, descending=True).to(torch.int32))

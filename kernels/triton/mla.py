@@ -14,8 +14,9 @@ import torch
 from atom_kernels.reference.mla import mla_decode_metadata
 from atom_kernels.triton._utils import FLOAT_DTYPES, check, check_dtype, check_same_device
 from atom_kernels.triton.attention_common import softmax_scale
+from atom_kernels.triton.attention_decode import decode_order
 from atom_kernels.triton.mla_cache import check_cache_scale, check_latent_cache
-from atom_kernels.triton.mla_decode import launch_mla_decode, mla_decode_config
+from atom_kernels.triton.mla_decode import launch_mla_decode, mla_decode_config, resident_programs, wgmma_fits
 from atom_kernels.triton.mla_prefill import launch_mla_prefill, mla_prefill_config
 
 
@@ -45,7 +46,7 @@ def mla_attention(query, cache, block_tables, seq_lens, query_start_loc, scale, 
     """query [T, heads, r + rope], cache [num_blocks, block_size, r + rope] (any strides) → out [T, heads, r].
 
     plan_cache: the metadata's per-step scratch (the MLA decode metadata is made once a step there, in the
-    host's persistent buffers when it lends them). Hints are optional upper bounds; without them both kernels
+    host's persistent buffers when it lends them, and so is the decode launch order). Hints are optional upper bounds; without them both kernels
     run. num_prefills is accepted for symmetry with the metadata but not needed.
     """
     if out is None:
@@ -65,7 +66,10 @@ def mla_attention(query, cache, block_tables, seq_lens, query_start_loc, scale, 
         meta = mla_decode_metadata(block_tables, seq_lens, cache.shape[1], plan_cache)
         longest = max_seq_len if max_seq_len is not None else block_tables.shape[1] * cache.shape[1]
         cfg = mla_decode_config(seq_lens.shape[0], query.shape[1], longest, query.device, query.dtype,
-                                cache.dtype)
+                                cache.dtype, wgmma_fits(query, cache, kv_lora_rank, out))
+        # longest first where the grid (head groups, splits, sequences) is more than one wave
+        order = decode_order(seq_lens, -(-query.shape[1] // cfg["block_h"]) * cfg["num_splits"],
+                             resident_programs(cfg["wgmma"], query.device), plan_cache)
         launch_mla_decode(query, cache, *meta, seq_lens, query_start_loc, qk_scale, kv_lora_rank, cache_scale,
-                          out, **cfg)
+                          out, **cfg, order=order)
     return out

@@ -12,6 +12,11 @@ page j of sequence i is kv_indices[kv_indptr[i] + j]. The split count only tunes
 range is derived in-kernel from the real seq_len, so a grid sized from a max_seq_len hint that is only an upper
 bound (CUDA graphs) still covers every row. No host sync anywhere.
 
+Launch order: sequences are the grid's slowest axis, so all programs of one sequence start together; with
+`order` (attention_decode.decode_order: longest first, made once a step, only where the grid is more than one
+wave of resident programs) the longest start first and the short ones fill the last wave. Any permutation gives
+the same result.
+
 fp8 (e4m3) caches: dequantised by the per-tensor scale on the logits and on the output, never per element.
 With bf16 queries the dots then run in fp16 (e4m3 -> fp16 is one conversion, -> bf16 two; fp16 holds e4m3
 exactly), the query pre-scaled by softmax_scale * log2(e) to stay in fp16's range (attention_decode measured
@@ -38,7 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
-from atom_kernels.triton._utils import pdl, pdl_prologue, pow2
+from atom_kernels.triton._utils import check, pdl, pdl_prologue, pow2
 from atom_kernels.triton.attention_common import load_block_ids
 from atom_kernels.triton.attention_decode import _merge_kernel, num_sms, pick_splits
 from atom_kernels.triton.mla_common import attend_latent, load_latent_tile, load_query
@@ -49,12 +54,16 @@ try:
 except ImportError:  # a triton without Gluon: the Triton kernel everywhere
     GLUON_HOPPER = False
 
+    def wgmma_fits(query, cache, kv_lora_rank, out) -> bool:
+        return False
+
 
 # Step-varying counts and step-buffer pointers are not specialized (no recompiles mid-serving), as in _decode_kernel.
-@triton.jit(do_not_specialize=["num_splits", "qsl_ptr", "seq_lens_ptr", "kv_indptr_ptr", "kv_indices_ptr"])
+@triton.jit(do_not_specialize=["num_splits", "ordered", "qsl_ptr", "seq_lens_ptr", "kv_indptr_ptr", "kv_indices_ptr",
+                               "order_ptr"])
 def _mla_decode_kernel(
-    q_ptr, cache_ptr, kv_indptr_ptr, kv_indices_ptr, seq_lens_ptr, qsl_ptr, scale_ptr, out_ptr, po_ptr, plse_ptr,
-    qk_scale, num_splits, num_heads, R, ROPE,
+    q_ptr, cache_ptr, kv_indptr_ptr, kv_indices_ptr, seq_lens_ptr, qsl_ptr, order_ptr, scale_ptr, out_ptr, po_ptr,
+    plse_ptr, qk_scale, num_splits, ordered, num_heads, R, ROPE,
     sq_t, sq_h, sq_d, so_t, so_h, so_d, s_b, s_t, s_d,
     BLOCK_SIZE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, R_PAD: tl.constexpr,
     PE_PAD: tl.constexpr, HAS_SCALE: tl.constexpr, SPLIT: tl.constexpr, DOT_F16: tl.constexpr,
@@ -63,7 +72,9 @@ def _mla_decode_kernel(
     pdl_prologue(PDL)
     hg = tl.program_id(0)
     split = tl.program_id(1)
-    seq = tl.program_id(2)
+    seq = tl.program_id(2)  # the launch-order rank (attention_decode.decode_order): a sequence when not ordered
+    if ordered != 0:
+        seq = tl.load(order_ptr + seq)
     q_start = tl.load(qsl_ptr + seq).to(tl.int64)
     if tl.load(qsl_ptr + seq + 1) - q_start != 1:  # not a decode: the prefill kernel has it
         return
@@ -135,10 +146,11 @@ MAX_HEADS_PER_PROGRAM = 64  # [64, 512] float32 accumulator: 128 registers a thr
 WGMMA_SMEM = 229888  # bytes of shared memory mla_decode_hopper's kernel takes (ptxas, sm_90)
 
 
-def mla_decode_config(num_seqs: int, num_heads: int, max_seq_len: int, device, query_dtype=torch.bfloat16,
-                      cache_dtype: torch.dtype | None = None) -> dict:
+def mla_decode_config(num_seqs: int, num_heads: int, max_seq_len: int, device, query_dtype, cache_dtype,
+                      wgmma_shapes: bool) -> dict:
     """Heads per program, tile, warps, stages, split count and the fp8 options (sweep: benchmarks/mla_decode.py
-    --sweep). cache_dtype: the latent cache's (None: the query's).
+    --sweep). cache_dtype: the latent cache's. wgmma_shapes: the arguments fit mla_decode_hopper's kernel
+    (wgmma_fits); decided here once, since the split count depends on the kernel (one wgmma program an SM).
 
     float32 queries (parity tests) take 16 heads and 16-row tiles: IEEE fp32 dots need twice the registers.
     16-bit queries, from the H100 sweep (latent 512 + 64, B x L 64 x 4096 / 128 x 2048 / 16 x 16384, bf16 and fp8
@@ -163,12 +175,16 @@ def mla_decode_config(num_seqs: int, num_heads: int, max_seq_len: int, device, q
     else:
         block_n, stages = 32, 2
     warps = 4 if block_h <= 16 else 8
-    wgmma = block_h == 64 and not fp32 and hopper(device)
+    wgmma = wgmma_shapes and block_h == 64 and hopper(device)
     programs = num_seqs * triton.cdiv(num_heads, block_h)
-    per_sm = 1 if wgmma else PROGRAMS_PER_SM  # the wgmma kernel's ~225 KB of shared memory: one program an SM
-    splits = pick_splits(programs, per_sm * num_sms(device), triton.cdiv(max(max_seq_len, 1), 256))
+    splits = pick_splits(programs, resident_programs(wgmma, device), triton.cdiv(max(max_seq_len, 1), 256))
     return dict(block_h=block_h, block_n=block_n, num_warps=warps, num_stages=stages, num_splits=splits,
                 prefetch=fp8_prefetch, f8_bits=fp8_prefetch, wgmma=wgmma)
+
+
+def resident_programs(wgmma: bool, device) -> int:
+    """Decode programs the GPU runs at once: the wgmma kernel's ~225 KB of shared memory allows one an SM."""
+    return (1 if wgmma else PROGRAMS_PER_SM) * num_sms(device)
 
 
 @functools.cache
@@ -188,13 +204,14 @@ def shared_memory(device: torch.device) -> int:
 
 def launch_mla_decode(query, cache, kv_indptr, kv_indices, seq_lens, query_start_loc, qk_scale, kv_lora_rank,
                       cache_scale, out, block_h, block_n, num_warps, num_stages, num_splits, prefetch=False,
-                      f8_bits=False, wgmma=False) -> None:
+                      f8_bits=False, wgmma=False, order=None) -> None:
     """Run the decode kernel (+ merge) for the one-token sequences of the batch; arguments pre-checked.
 
     prefetch: the next latent tile loaded into registers ahead of the dots (any cache dtype); f8_bits: the
     integer e4m3 -> fp16 upcast (fp8 caches only, ignored for others). See the module docstring. wgmma: Hopper's
     kernel (mla_decode_hopper) where it fits the arguments (block_h 64 then; the other tile settings are this
-    kernel's); mla_decode_config says when.
+    kernel's); mla_decode_config says when. order: attention_decode.decode_order's permutation (None: batch
+    order).
     """
     num_seqs = seq_lens.shape[0]
     _, heads, width = query.shape
@@ -206,13 +223,17 @@ def launch_mla_decode(query, cache, kv_indptr, kv_indices, seq_lens, query_start
         plse = torch.empty((num_seqs, heads, num_splits), dtype=torch.float32, device=query.device)
     scaled = cache_scale is not None
     launch = pdl(query.device)
-    if wgmma and wgmma_fits(query, cache, kv_lora_rank, out):
+    ordered = (seq_lens if order is None else order, int(order is not None))
+    if wgmma:
+        check(wgmma_fits(query, cache, kv_lora_rank, out), "wgmma=True for arguments the wgmma kernel does not take "
+              "(see mla_decode_hopper.wgmma_fits); let mla_decode_config decide")
         launch_mla_decode_wgmma(query, cache, kv_indptr, kv_indices, seq_lens, query_start_loc, qk_scale,
-                                kv_lora_rank, cache_scale, out, po, plse, num_splits, launch)
+                                kv_lora_rank, cache_scale, out, po, plse, num_splits, ordered, launch)
     else:
         _mla_decode_kernel[(triton.cdiv(heads, block_h), num_splits, num_seqs)](
-            query, cache, kv_indptr, kv_indices, seq_lens, query_start_loc, cache_scale if scaled else query,
-            out, po, plse, qk_scale, num_splits, heads, kv_lora_rank, width - kv_lora_rank,
+            query, cache, kv_indptr, kv_indices, seq_lens, query_start_loc, ordered[0],
+            cache_scale if scaled else query, out, po, plse, qk_scale, num_splits, ordered[1], heads, kv_lora_rank,
+            width - kv_lora_rank,
             *query.stride(), *out.stride(), *cache.stride(),
             BLOCK_SIZE=cache.shape[1], BLOCK_H=block_h, BLOCK_N=block_n, R_PAD=r_pad,
             PE_PAD=pow2(width - kv_lora_rank, 16), HAS_SCALE=scaled, SPLIT=split,

@@ -64,10 +64,11 @@ def _page_ids(pages, n, end, BLOCK_SIZE: gl.constexpr):
     return gl.load(pages + n // BLOCK_SIZE, mask=n < end, other=0).to(gl.int64)
 
 
-@gluon.jit(do_not_specialize=["num_splits", "qsl_ptr", "seq_lens_ptr", "kv_indptr_ptr", "kv_indices_ptr"])
+@gluon.jit(do_not_specialize=["num_splits", "ordered", "qsl_ptr", "seq_lens_ptr", "kv_indptr_ptr", "kv_indices_ptr",
+                               "order_ptr"])
 def _mla_decode_wgmma_kernel(
-    q_ptr, cache_ptr, kv_indptr_ptr, kv_indices_ptr, seq_lens_ptr, qsl_ptr, scale_ptr, out_ptr, po_ptr, plse_ptr,
-    qk_scale, num_splits, num_heads, sq_t, sq_h, so_t, so_h, s_b, s_t,
+    q_ptr, cache_ptr, kv_indptr_ptr, kv_indices_ptr, seq_lens_ptr, qsl_ptr, order_ptr, scale_ptr, out_ptr, po_ptr,
+    plse_ptr, qk_scale, num_splits, ordered, num_heads, sq_t, sq_h, so_t, so_h, s_b, s_t,
     q_sl: gl.constexpr, qpe_sl: gl.constexpr, kv_sl: gl.constexpr, pe_sl: gl.constexpr, p_sl: gl.constexpr,
     ring_sl: gl.constexpr, ring_pe_sl: gl.constexpr,
     BLOCK_SIZE: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, R: gl.constexpr, ROPE: gl.constexpr,
@@ -87,7 +88,9 @@ def _mla_decode_wgmma_kernel(
     _pdl_prologue(PDL)
     hg = gl.program_id(0)
     split = gl.program_id(1)
-    seq = gl.program_id(2)
+    seq = gl.program_id(2)  # the launch-order rank, as in mla_decode
+    if ordered != 0:
+        seq = gl.load(order_ptr + seq)
     q_start = gl.load(qsl_ptr + seq).to(gl.int64)
     if gl.load(qsl_ptr + seq + 1) - q_start != 1:  # not a decode: the prefill kernel has it
         return
@@ -200,16 +203,16 @@ def wgmma_fits(query, cache, kv_lora_rank: int, out) -> bool:
 
 
 def launch_mla_decode_wgmma(query, cache, kv_indptr, kv_indices, seq_lens, query_start_loc, qk_scale, kv_lora_rank,
-                            cache_scale, out, po, plse, num_splits, launch: dict) -> None:
+                            cache_scale, out, po, plse, num_splits, ordered: tuple, launch: dict) -> None:
     """The decode kernel over one-token sequences; the caller merges splits (mla_decode.launch_mla_decode) and
-    passes its launch keywords (_utils.pdl, asked once a call)."""
+    passes the launch order (order_ptr, flag) and its launch keywords (_utils.pdl, asked once a call)."""
     _, heads, width = query.shape
     grid = (-(-heads // BLOCK_H), num_splits, seq_lens.shape[0])
     scaled = cache_scale is not None
     _mla_decode_wgmma_kernel[grid](
-        query, cache, kv_indptr, kv_indices, seq_lens, query_start_loc, cache_scale if scaled else query,
-        out, po, plse, qk_scale, num_splits, heads, query.stride(0), query.stride(1), out.stride(0), out.stride(1),
-        cache.stride(0), cache.stride(1),
+        query, cache, kv_indptr, kv_indices, seq_lens, query_start_loc, ordered[0], cache_scale if scaled else query,
+        out, po, plse, qk_scale, num_splits, ordered[1], heads, query.stride(0), query.stride(1), out.stride(0),
+        out.stride(1), cache.stride(0), cache.stride(1),
         **shared_layouts(query.dtype, cache.dtype, kv_lora_rank, width - kv_lora_rank),
         BLOCK_SIZE=cache.shape[1], BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, R=kv_lora_rank, ROPE=width - kv_lora_rank,
         STAGES=STAGES, HAS_SCALE=scaled, SPLIT=num_splits > 1, num_warps=WARPS, **launch,

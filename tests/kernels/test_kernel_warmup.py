@@ -35,7 +35,7 @@ def _prefill_class(kind, q_len, skip_decodes, heads, kv_heads, dtype):
 
 def _decode_class(kind, num_seqs, hint, heads, kv_heads, dtype):
     if kind == "mla":
-        cfg = mla_decode_config(num_seqs, heads, hint, DEVICE, dtype)
+        cfg = mla_decode_config(num_seqs, heads, hint, DEVICE, dtype, dtype, dtype != torch.float32)
     else:
         cfg = decode_config(num_seqs, kv_heads, hint, 128, DEVICE, dtype, dtype)
     splits = cfg.pop("num_splits")

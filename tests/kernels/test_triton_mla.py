@@ -21,10 +21,11 @@ import triton.language as tl  # noqa: E402
 from atom_kernels import reference as ref  # noqa: E402  (after the triton skip)
 from atom_kernels.reference.mla import MLA_BUFFERS_KEY, MLADecodeMetadata, mla_decode_buffers  # noqa: E402
 from atom_kernels.triton.attention_common import softmax_scale  # noqa: E402
+from atom_kernels.triton.attention_decode import num_sms  # noqa: E402
 from atom_kernels.triton.mla import mla_attention  # noqa: E402
 from atom_kernels.triton.mla_cache import write_latent_cache  # noqa: E402
 from atom_kernels.triton.mla_common import e4m3_bits_as_f16  # noqa: E402
-from atom_kernels.triton.mla_decode import hopper, launch_mla_decode, mla_decode_config  # noqa: E402
+from atom_kernels.triton.mla_decode import hopper, launch_mla_decode, mla_decode_config, wgmma_fits  # noqa: E402
 from atom_kernels.triton.mla_kv_indices import mla_kv_indices  # noqa: E402
 from tests.interpreter import run_under_interpreter  # noqa: E402
 
@@ -199,15 +200,61 @@ def test_hopper_decode_matches_reference(heads, splits, dtype, cache_dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("wgmma", [False, True], ids=["triton", "wgmma"])
+@pytest.mark.parametrize("order", ["longest", "shortest", "random"])
+def test_decode_any_launch_order(order, wgmma):
+    """Any permutation of the sequences as the launch order (decode_order's longest-first one, or a stale one):
+    each sequence is still attended exactly once, split or not."""
+    if wgmma and not hopper(torch.device("cuda")):
+        pytest.skip("the wgmma kernel needs sm_90 (Hopper)")
+    seqs = DECODES + [(1000, 1), (4099, 1), (129, 1)]
+    for splits in (1, 3):
+        check_decode_config(seqs, 128, 512, 64, BF16, "cuda", 64, 64 if wgmma else 32, 8, splits, order=order,
+                            wgmma=wgmma)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads", [16, 128])
+def test_decode_order_made_once_a_step(heads):
+    """mla_attention with the step's memo: more programs than one wave run longest first (the order made once, in
+    the memo), the same answer as the reference."""
+    n = 2 * num_sms(torch.device("cuda")) + 7  # above one wave for the Triton kernel (2 an SM) and wgmma (1)
+    g = torch.Generator().manual_seed(4)
+    check_mla_order([(int(x), 1) for x in torch.randint(1, 300, (n,), generator=g)], heads, 512, 64, BF16, "cuda")
+
+
+def check_mla_order(seqs, heads, r, rope, dtype, device):
+    q, cache, tables, seq_lens, qsl, _ = mla_batch(seqs, heads, r, rope, 16, dtype, dtype, device)
+    memo = {}
+    got = mla_attention(q, cache, tables, seq_lens, qsl, 0.1, r, plan_cache=memo, **hints(seqs))
+    orders = [v for k, v in memo.items() if isinstance(k, tuple) and k[0] == "triton.decode_order"]
+    assert len(orders) == 1, list(memo)
+    assert torch.equal(seq_lens[orders[0].long()], seq_lens.sort(descending=True).values)
+    want = ref.mla_attention(*(a.cpu() for a in (q, cache, tables, seq_lens, qsl)), 0.1, r)
+    torch.testing.assert_close(got.cpu(), want, **TOL[dtype])
+
+
+@pytest.mark.gpu
 def test_hopper_kernel_is_picked_where_it_fits():
     dev = torch.device("cuda")
     if not hopper(dev):
         pytest.skip("the wgmma kernel needs sm_90 (Hopper)")
-    assert mla_decode_config(32, 128, 4096, dev, BF16)["wgmma"]
-    assert mla_decode_config(32, 128, 4096, dev, F16, F16)["wgmma"]
-    assert not mla_decode_config(32, 16, 4096, dev, BF16)["wgmma"]  # 16 heads a program: the Triton kernel
-    assert mla_decode_config(32, 128, 4096, dev, BF16, FP8)["wgmma"]
-    assert not mla_decode_config(32, 128, 4096, dev, F32)["wgmma"]
+    def picked(heads, dtype, cache_dtype, r=512, rope=64):
+        q = torch.empty(32, heads, r + rope, dtype=dtype, device=dev)
+        cache = torch.empty(4, 16, r + rope, dtype=cache_dtype, device=dev)
+        fits = wgmma_fits(q, cache, r, q.new_empty(32, heads, r))
+        return mla_decode_config(32, heads, 4096, dev, dtype, cache_dtype, fits)
+
+    assert picked(128, BF16, BF16)["wgmma"]
+    assert picked(128, F16, F16)["wgmma"]
+    assert not picked(16, BF16, BF16)["wgmma"]  # 16 heads a program: the Triton kernel
+    assert picked(128, BF16, FP8)["wgmma"]
+    assert not picked(128, F32, F32)["wgmma"]
+    # a latent the wgmma kernel does not take: the Triton kernel, split for its two programs an SM
+    other = picked(128, BF16, BF16, r=256)
+    assert not other["wgmma"]
+    assert other["num_splits"] == mla_decode_config(32, 128, 4096, dev, BF16, BF16, False)["num_splits"]
+    assert other["num_splits"] != picked(128, BF16, BF16)["num_splits"]
 
 
 @pytest.mark.gpu
@@ -216,12 +263,18 @@ def test_e4m3_bits_as_f16_is_exact():
 
 
 def check_decode_config(seqs, heads, r, rope, dtype, device, block_h, block_n, warps, splits, cache_dtype=None,
-                        **switches):
+                        order=None, **switches):
     """The decode kernel (+ merge) with a launch config (and the prefetch / f8_bits switches) forced, whatever
-    mla_decode_config would pick; returns its output."""
+    mla_decode_config would pick; order: launch the sequences "longest" / "shortest" first or in a "random"
+    permutation (None: batch order). Returns its output."""
     cache_dtype = cache_dtype or dtype
     scale = torch.tensor(0.7) if cache_dtype == FP8 else None
     q, cache, tables, seq_lens, qsl, cs = mla_batch(seqs, heads, r, rope, 16, dtype, cache_dtype, device, scale=scale)
+    if order is not None:
+        perm = {"longest": lambda: torch.argsort(seq_lens.cpu(), descending=True),
+                "shortest": lambda: torch.argsort(seq_lens.cpu()),
+                "random": lambda: torch.randperm(len(seqs), generator=torch.Generator().manual_seed(3))}[order]()
+        switches["order"] = perm.to(device=device, dtype=torch.int32)
     meta = MLADecodeMetadata(torch.empty(len(seqs) + 1, dtype=torch.int32, device=device),
                                  torch.empty(tables.numel(), dtype=torch.int32, device=device))
     mla_kv_indices(tables, seq_lens, 16, *meta)
@@ -362,6 +415,11 @@ def interpreter_checks() -> None:
     for block_h, splits in ((16, 1), (16, 3), (32, 8)):  # the split + merge path, some splits empty
         check_decode_config(small, 20, 32, 16, F32, "cpu", block_h, 16, 4, splits)
     check_e4m3_bits("cpu")
+    for order in ("longest", "random"):  # any launch order, split or not
+        for splits in (1, 3):
+            check_decode_config(small, 20, 32, 16, F32, "cpu", 16, 16, 4, splits, order=order)
+    # through the op: 17 sequences x 2 head groups > one wave (the interpreter counts 8 SMs: 16 slots)
+    check_mla_order([(1 + 11 * i % 47, 1) for i in range(17)], 20, 32, 16, F32, "cpu")
     # the decode kernel's switches (1 split: up to 3 tiles a sequence); f8_bits gives the native upcast's bits
     for splits in (1, 3):
         check_decode_config(small, 20, 32, 16, F32, "cpu", 16, 16, 4, splits, prefetch=True)
