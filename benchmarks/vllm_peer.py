@@ -2,10 +2,10 @@
 
 Same checkpoint, the same 256 prompts and lengths, temperature 1, top_p 1, EOS ignored, max_model_len 2048, the
 same KV cache dtype, vLLM's default engine limits otherwise (as a vLLM user runs it: on the H100 its offline
-defaults are larger than the 256 sequences / 8,192 tokens a step the native engine runs with), and the same
-timing: a warm-up on the reversed prompts (2 tokens each, so no prefix-cache hit later), then one timed generate
-of the whole workload; output tokens / its wall time. vLLM runs in a child process with its in-process engine and
-its own Qwen3 (ATOM_DISABLE_VLLM_PLUGIN=1), compiled with CUDA graphs as its defaults do.
+default of 1,024 sequences is larger than the 256 the native engine runs with; both take 16,384 tokens a step),
+and the same timing: a warm-up on the reversed prompts (2 tokens each, so no prefix-cache hit later), then one
+timed generate of the whole workload; output tokens / its wall time. vLLM runs in a child process with its
+in-process engine and its own Qwen3 (ATOM_DISABLE_VLLM_PLUGIN=1), compiled with CUDA graphs as its defaults do.
 
     python benchmarks/vllm_peer.py CHECKPOINT [auto|fp8]      (what native_gpu.py --throughput runs when vLLM is there)
 """

@@ -46,8 +46,8 @@ def mla_attention(query, cache, block_tables, seq_lens, query_start_loc, scale, 
     """query [T, heads, r + rope], cache [num_blocks, block_size, r + rope] (any strides) → out [T, heads, r].
 
     plan_cache: the metadata's per-step scratch (the MLA decode metadata is made once a step there, in the
-    host's persistent buffers when it lends them, and so is the decode launch order). Hints are optional upper bounds; without them both kernels
-    run. num_prefills is accepted for symmetry with the metadata but not needed.
+    host's persistent buffers when it lends them, and so is the decode launch order). Hints are optional upper
+    bounds; without them both kernels run. num_prefills is accepted for symmetry with the metadata but not needed.
     """
     if out is None:
         out = query.new_empty(*query.shape[:2], kv_lora_rank)
