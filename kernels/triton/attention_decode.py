@@ -211,6 +211,12 @@ def decode_order(seq_lens: torch.Tensor, programs_per_seq: int, slots: int, plan
                      lambda: torch.argsort(seq_lens, descending=True).to(torch.int32))
 
 
+def check_grid_seqs(num_seqs: int) -> None:
+    """The decode grids put the sequences on their third axis, which CUDA caps at 65535."""
+    check(num_seqs < 65536, f"{num_seqs} decode sequences in one batch; at most 65535 (the decode grid's third "
+                            "axis): split the batch")
+
+
 def launch_decode(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, qk_scale, window,
                   k_scale, v_scale, out, num_splits, block_n, num_warps, num_stages, v_regs=False,
                   f16_dots=True, maxnreg=None, order=None) -> None:
@@ -221,7 +227,7 @@ def launch_decode(query, k_cache, v_cache, block_tables, seq_lens, query_start_l
     cap per thread (ptxas), to fit more programs per SM. order: decode_order's permutation (None: batch order).
     """
     num_seqs = seq_lens.shape[0]
-    check(num_seqs < 65536, f"{num_seqs} sequences in one batch; at most 65535 (the grid's third axis)")
+    check_grid_seqs(num_seqs)
     _, heads, head_dim = query.shape
     kv_heads = k_cache.shape[2]
     group = heads // kv_heads

@@ -45,7 +45,7 @@ import triton.language as tl
 
 from atom_kernels.triton._utils import check, pdl, pdl_prologue, pow2
 from atom_kernels.triton.attention_common import load_block_ids
-from atom_kernels.triton.attention_decode import _merge_kernel, num_sms, pick_splits
+from atom_kernels.triton.attention_decode import _merge_kernel, check_grid_seqs, num_sms, pick_splits
 from atom_kernels.triton.mla_common import attend_latent, load_latent_tile, load_query
 
 try:
@@ -214,6 +214,7 @@ def launch_mla_decode(query, cache, kv_indptr, kv_indices, seq_lens, query_start
     order).
     """
     num_seqs = seq_lens.shape[0]
+    check_grid_seqs(num_seqs)
     _, heads, width = query.shape
     r_pad = pow2(kv_lora_rank, 16)
     split = num_splits > 1

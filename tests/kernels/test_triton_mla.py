@@ -20,6 +20,7 @@ import triton.language as tl  # noqa: E402
 
 from atom_kernels import reference as ref  # noqa: E402  (after the triton skip)
 from atom_kernels.reference.mla import MLA_BUFFERS_KEY, MLADecodeMetadata, mla_decode_buffers  # noqa: E402
+from atom_kernels.triton.attention import paged_attention  # noqa: E402
 from atom_kernels.triton.attention_common import softmax_scale  # noqa: E402
 from atom_kernels.triton.attention_decode import num_sms  # noqa: E402
 from atom_kernels.triton.mla import mla_attention  # noqa: E402
@@ -387,6 +388,20 @@ def test_bad_arguments_are_named(bad, match):
         args[name] = change(args[name])
     with pytest.raises(ValueError, match=match):
         mla_attention(args["query"], args["cache"], args["tables"], args["seq_lens"], args["qsl"], 0.1, args["r"])
+
+
+def test_too_many_decode_sequences_are_named():
+    """The decode grids put the sequences on CUDA's third grid axis (at most 65535): a bigger batch is refused with
+    a clear error before any kernel runs, for MLA and GQA decode alike."""
+    n = 65536
+    seq_lens, qsl = torch.ones(n, dtype=torch.int32), torch.arange(n + 1, dtype=torch.int32)
+    tables = torch.zeros(n, 1, dtype=torch.int32)
+    hints = dict(max_query_len=1, max_seq_len=1, num_decodes=n, num_prefills=0)
+    with pytest.raises(ValueError, match="at most 65535"):
+        mla_attention(torch.zeros(n, 4, 32), torch.zeros(1, 16, 32), tables, seq_lens, qsl, 0.1, 24, **hints)
+    kv = torch.zeros(1, 16, 1, 16)
+    with pytest.raises(ValueError, match="at most 65535"):
+        paged_attention(torch.zeros(n, 2, 16), kv, kv, tables, seq_lens, qsl, 0.25, **hints)
 
 
 def test_kv_indices_buffers_too_small_are_named():
