@@ -1,5 +1,6 @@
-"""Sessions: lint (ruff), tests (CPU: kernels reference + core + native), tests_min_transformers (the
-same with the lowest transformers we declare), vllm (real vLLM on CPU), sglang (real SGLang on CPU).
+"""Sessions: lint (ruff), tests (CPU: kernels reference + core + native, the Triton kernels under Triton's
+interpreter), tests_min_transformers (the same with the lowest transformers we declare, no Triton), vllm (real
+vLLM on CPU), sglang (real SGLang on CPU).
 Each host gets its own venv.
 
 `nox` runs the default sessions; `nox -s gpu` is for a GPU machine (Triton kernels, CUDA graphs).
@@ -41,10 +42,15 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "check", ".")
 
 
+# Triton's CPU interpreter runs the Triton kernels' checks here too (tests/interpreter.py): the version the GPU
+# machine has, and a numpy its interpreter can run loops with (>= 2.4 breaks runtime loop bounds).
+INTERPRETER = ("triton==3.6.0", "numpy<2.4")
+
+
 @nox.session
 def tests(session: nox.Session) -> None:
     session.install(CPU_TORCH)
-    session.install("-e", ".[test,serve]")
+    session.install("-e", ".[test,serve]", *INTERPRETER)
     pytest(session, *CPU_TESTS)
     discard_venv_in_ci(session)
 
