@@ -198,8 +198,9 @@ def ours(q, kc, vc, tables, seq_lens, qsl, seq, scales=(None, None), memo=True):
                                                 **hints)
 
 
-def mixed_inputs(lens: list[int], g: torch.Generator, dtype=torch.bfloat16):
-    """A paged cache (block size BLOCK, blocks shuffled) for sequences of the given lengths, no contiguous copy."""
+def shuffled_tables(lens: list[int], g: torch.Generator) -> tuple[torch.Tensor, int]:
+    """Block tables [len(lens), max blocks] (int32, on the GPU) over shuffled blocks of BLOCK tokens for sequences
+    of the given lengths, and the number of blocks they use."""
     blocks = [-(-n // BLOCK) for n in lens]
     perm = torch.randperm(sum(blocks), device="cuda", generator=g).to(torch.int32)
     tables = torch.zeros(len(lens), max(blocks), dtype=torch.int32, device="cuda")
@@ -207,7 +208,13 @@ def mixed_inputs(lens: list[int], g: torch.Generator, dtype=torch.bfloat16):
     for i, n in enumerate(blocks):
         tables[i, :n] = perm[start:start + n]
         start += n
-    kc, vc = (torch.randn(sum(blocks), BLOCK, KV_HEADS, HEAD_DIM, device="cuda", generator=g).to(dtype)
+    return tables, sum(blocks)
+
+
+def mixed_inputs(lens: list[int], g: torch.Generator, dtype=torch.bfloat16):
+    """A paged cache (block size BLOCK, blocks shuffled) for sequences of the given lengths, no contiguous copy."""
+    tables, num_blocks = shuffled_tables(lens, g)
+    kc, vc = (torch.randn(num_blocks, BLOCK, KV_HEADS, HEAD_DIM, device="cuda", generator=g).to(dtype)
               for _ in range(2))
     return kc, vc, tables
 

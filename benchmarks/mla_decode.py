@@ -33,21 +33,21 @@ from __future__ import annotations
 import argparse
 import datetime
 import functools
+import random
 import sys
 
 import torch
 import triton
 
 # same timing method (benchmarks/ is on sys.path)
-from attention_decode import Report, copy_bandwidth, gpu_times, summary
+from attention_decode import Report, copy_bandwidth, gpu_times, shuffled_tables, summary
 
 import atom_kernels
 from atom_kernels import reference
 from atom_kernels.reference.mla import mla_decode_metadata
 from atom_kernels.triton.attention_common import softmax_scale
-from atom_kernels.triton.attention_decode import decode_order, num_sms, pick_splits
+from atom_kernels.triton.attention_decode import decode_order, pick_splits
 from atom_kernels.triton.mla_decode import (
-    PROGRAMS_PER_SM,
     launch_mla_decode,
     mla_decode_config,
     resident_programs,
@@ -90,7 +90,7 @@ def with_config(q, cache, tables, seq_lens, qsl, seq, block_h, scale=None, **for
     meta = mla_decode_metadata(tables, seq_lens, BLOCK)
     cfg = picked_config(q, cache, seq)
     programs = q.shape[0] * triton.cdiv(q.shape[1], block_h)
-    splits = pick_splits(programs, PROGRAMS_PER_SM * num_sms(q.device), triton.cdiv(seq, 256))
+    splits = pick_splits(programs, resident_programs(False, q.device), triton.cdiv(seq, 256))
     cfg.update(block_h=block_h, num_warps=4 if block_h <= 16 else 8, num_splits=splits, wgmma=False)
     cfg.update(forced)
     out = q.new_empty(*q.shape[:2], R)
@@ -119,7 +119,7 @@ def sweep_configs(q, seq, fp8: bool, quick: bool) -> list[dict]:
     for bh in (b for b in (16, 32, 64) if b <= triton.next_power_of_2(heads) and (not quick or b == default_bh)):
         tiles = [(bn, w) for bn in ((32, 64) if quick and bh == 64 else (16, 32, 64))
                  for w in ((4, 8) if bh == 16 else (8,))]
-        n = pick_splits(q.shape[0] * triton.cdiv(heads, bh), PROGRAMS_PER_SM * num_sms(q.device), triton.cdiv(seq, 256))
+        n = pick_splits(q.shape[0] * triton.cdiv(heads, bh), resident_programs(False, q.device), triton.cdiv(seq, 256))
         cfgs += [dict(block_h=bh, block_n=bn, num_warps=w, num_stages=stages, num_splits=n * mult, prefetch=pf,
                       f8_bits=bits)
                  for bn, w in tiles for stages, pf in variants for bits in ((False, True) if fp8 else (False,))
@@ -153,18 +153,12 @@ def mixed_rows(g: torch.Generator, say, copy_bw: float) -> None:
     """Decode batches of mixed context lengths (uniform in [256, 4096], bf16 latent) with more programs than one wave:
     the kernel mla_decode_config picks, launched longest first (decode_order, as the op does) vs in batch order,
     same run; fraction of copy bandwidth."""
-    import random
-
     rng = random.Random(0)
     say("\nmixed context lengths (uniform in [256, 4096]), bf16 latent: longest first vs batch order")
     for b, heads in MIXED:
         lens = [rng.randint(256, 4096) for _ in range(b)]
-        blocks = [-(-n // BLOCK) for n in lens]
-        perm = torch.randperm(sum(blocks), device=DEVICE, generator=g).to(torch.int32)
-        tables = torch.zeros(b, max(blocks), dtype=torch.int32, device=DEVICE)
-        for i, start in enumerate(torch.tensor([0] + blocks).cumsum(0)[:-1].tolist()):
-            tables[i, :blocks[i]] = perm[start:start + blocks[i]]
-        cache = torch.randn(sum(blocks), BLOCK, R + ROPE, device=DEVICE, generator=g).to(torch.bfloat16)
+        tables, num_blocks = shuffled_tables(lens, g)  # the same block size (16)
+        cache = torch.randn(num_blocks, BLOCK, R + ROPE, device=DEVICE, generator=g).to(torch.bfloat16)
         q = torch.randn(b, heads, R + ROPE, device=DEVICE, dtype=torch.bfloat16, generator=g) * 0.5
         seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
         qsl = torch.arange(b + 1, dtype=torch.int32, device=DEVICE)

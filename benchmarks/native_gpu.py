@@ -311,10 +311,10 @@ def latency(path: str, configs) -> None:
                 print(f"{b:>5}  {row[1]:<27} {row[2]:>9.1f} {row[3]:>8.2f} {row[4]:>13.2f} {row[5]:>8.2f} "
                       f"{row[6]:>12.1%} {row[7]:>7.1f}")
     tps = {(r[0], r[1]): r[2] for r in rows}
-    if any((b, "native") in tps and isinstance(hf_static[b], float) for b in batches):
-        print("native / HF static cache + compile: " + ", ".join(
-            f"batch {b} x{tps[b, 'native'] / hf_static[b]:.1f}" for b in batches
-            if (b, "native") in tps and isinstance(hf_static[b], float)))
+    vs_static = {b: tps[b, "native"] / hf_static[b] for b in batches
+                 if (b, "native") in tps and isinstance(hf_static[b], float)}
+    if vs_static:
+        print("native / HF static cache + compile: " + ", ".join(f"batch {b} x{r:.1f}" for b, r in vs_static.items()))
     if all((b, name) in tps for b in batches for name in ("native", "native, no overlap")):
         print("overlap scheduling: " + ", ".join(f"batch {b} x{tps[b, 'native'] / tps[b, 'native, no overlap']:.2f}"
                                                   for b in batches) + " (native / native, no overlap)")

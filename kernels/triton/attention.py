@@ -13,7 +13,7 @@ import torch
 
 from atom_kernels.triton._utils import FLOAT_DTYPES, check, check_dtype, check_same_device, has_scales
 from atom_kernels.triton.attention_common import softmax_scale
-from atom_kernels.triton.attention_decode import PROGRAMS_PER_SM, decode_config, decode_order, launch_decode, num_sms
+from atom_kernels.triton.attention_decode import decode_config, decode_order, decode_slots, launch_decode
 from atom_kernels.triton.attention_prefill import launch_prefill, prefill_config
 from atom_kernels.triton.kv_cache import check_caches
 
@@ -73,7 +73,6 @@ def paged_attention(
         longest = max_seq_len if max_seq_len is not None else block_tables.shape[1] * k_cache.shape[1]
         cfg = decode_config(seq_lens.shape[0], k_cache.shape[2], longest, query.shape[2], query.device,
                             k_cache.dtype, query.dtype)
-        order = decode_order(seq_lens, k_cache.shape[2] * cfg["num_splits"],
-                             PROGRAMS_PER_SM * num_sms(query.device), plan_cache)
+        order = decode_order(seq_lens, k_cache.shape[2] * cfg["num_splits"], decode_slots(query.device), plan_cache)
         launch_decode(*args, **cfg, order=order)
     return out

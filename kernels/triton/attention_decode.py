@@ -165,6 +165,11 @@ def num_sms(device: torch.device) -> int:
 PROGRAMS_PER_SM = 2
 
 
+def decode_slots(device) -> int:
+    """Decode programs the split count and the launch order plan for at once: PROGRAMS_PER_SM on every SM."""
+    return PROGRAMS_PER_SM * num_sms(device)
+
+
 def decode_config(num_seqs: int, kv_heads: int, max_seq_len: int, head_dim: int, device,
                   cache_dtype=torch.bfloat16, query_dtype=torch.bfloat16) -> dict:
     """Tile, warps, pipeline depth by dtype, and the split count (sweeps: benchmarks/attention_decode.py).
@@ -175,8 +180,7 @@ def decode_config(num_seqs: int, kv_heads: int, max_seq_len: int, head_dim: int,
     """
     fp8 = cache_dtype.itemsize == 1
     block_n = 32 if query_dtype == torch.float32 or head_dim > 128 else (128 if fp8 else 64)
-    splits = pick_splits(num_seqs * kv_heads, PROGRAMS_PER_SM * num_sms(device),
-                         triton.cdiv(max(max_seq_len, 1), 512))
+    splits = pick_splits(num_seqs * kv_heads, decode_slots(device), triton.cdiv(max(max_seq_len, 1), 512))
     return dict(num_splits=splits, block_n=block_n, num_warps=4, num_stages=3, v_regs=False)
 
 
@@ -211,6 +215,12 @@ def decode_order(seq_lens: torch.Tensor, programs_per_seq: int, slots: int, plan
                      lambda: torch.argsort(seq_lens, descending=True).to(torch.int32))
 
 
+def order_args(order: torch.Tensor | None, seq_lens: torch.Tensor) -> tuple:
+    """The decode kernels' (order_ptr, ordered) arguments: decode_order's permutation and 1, or, for batch order, any
+    int32 pointer (never read) and 0; `ordered` is a runtime flag, so both run one compiled variant."""
+    return (seq_lens if order is None else order), int(order is not None)
+
+
 def check_grid_seqs(num_seqs: int) -> None:
     """The decode grids put the sequences on their third axis, which CUDA caps at 65535."""
     check(num_seqs < 65536, f"{num_seqs} decode sequences in one batch; at most 65535 (the decode grid's third "
@@ -238,10 +248,11 @@ def launch_decode(query, k_cache, v_cache, block_tables, seq_lens, query_start_l
         plse = torch.empty((num_seqs, heads, num_splits), dtype=torch.float32, device=query.device)
     scaled = k_scale is not None
     launch = pdl(query.device)
+    order_ptr, ordered = order_args(order, seq_lens)
     _decode_kernel[(kv_heads, num_splits, num_seqs)](
-        query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, seq_lens if order is None else order,
+        query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, order_ptr,
         k_scale if scaled else query, v_scale if scaled else query, out, po, plse,
-        qk_scale, window, num_splits, int(order is not None), *query.stride(), *out.stride(), *block_tables.stride(),
+        qk_scale, window, num_splits, ordered, *query.stride(), *out.stride(), *block_tables.stride(),
         *k_cache.stride(), *v_cache.stride(), head_dim, group, heads,
         BLOCK_SIZE=k_cache.shape[1], G_PAD=pow2(group, 16), D_PAD=pow2(head_dim, 16), BLOCK_N=block_n,
         HAS_SCALE=scaled, SPLIT=split, V_REGS=v_regs,

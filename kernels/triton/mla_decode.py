@@ -45,7 +45,7 @@ import triton.language as tl
 
 from atom_kernels.triton._utils import check, pdl, pdl_prologue, pow2
 from atom_kernels.triton.attention_common import load_block_ids
-from atom_kernels.triton.attention_decode import _merge_kernel, check_grid_seqs, num_sms, pick_splits
+from atom_kernels.triton.attention_decode import _merge_kernel, check_grid_seqs, num_sms, order_args, pick_splits
 from atom_kernels.triton.mla_common import attend_latent, load_latent_tile, load_query
 
 try:
@@ -224,7 +224,7 @@ def launch_mla_decode(query, cache, kv_indptr, kv_indices, seq_lens, query_start
         plse = torch.empty((num_seqs, heads, num_splits), dtype=torch.float32, device=query.device)
     scaled = cache_scale is not None
     launch = pdl(query.device)
-    ordered = (seq_lens if order is None else order, int(order is not None))
+    ordered = order_args(order, seq_lens)
     if wgmma:
         check(wgmma_fits(query, cache, kv_lora_rank, out), "wgmma=True for arguments the wgmma kernel does not take "
               "(see mla_decode_hopper.wgmma_fits); let mla_decode_config decide")

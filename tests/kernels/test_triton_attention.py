@@ -15,7 +15,7 @@ pytest.importorskip("triton")
 from atom_kernels import reference as ref  # noqa: E402  (after the triton skip)
 from atom_kernels.triton.attention import paged_attention  # noqa: E402
 from atom_kernels.triton.attention_common import softmax_scale  # noqa: E402
-from atom_kernels.triton.attention_decode import PROGRAMS_PER_SM, _decode_kernel, _merge_kernel, launch_decode, num_sms  # noqa: E402
+from atom_kernels.triton.attention_decode import _decode_kernel, _merge_kernel, decode_slots, launch_decode  # noqa: E402
 from atom_kernels.triton.attention_prefill import _prefill_kernel, launch_prefill, prefill_config  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -199,8 +199,7 @@ def test_decode_order_made_once_a_step():
     """paged_attention with the step's memo: a batch of more programs than one wave runs longest first, the order
     made once for every layer of the step; a batch of one wave, or a call without a memo, keeps batch order."""
     g = torch.Generator().manual_seed(5)
-    big = [(int(n), 1) for n in torch.randint(1, 700, (PROGRAMS_PER_SM * num_sms(torch.device("cuda")) // 8 + 9,),
-                                              generator=g)]
+    big = [(int(n), 1) for n in torch.randint(1, 700, (decode_slots(torch.device("cuda")) // 8 + 9,), generator=g)]
     b, hints = make_batch(big, 16, 8, 128, 16, BF16, seed=5)
     memo = {}
     out = paged_attention(*positional(b), plan_cache=memo, **hints)
