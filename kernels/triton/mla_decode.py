@@ -143,7 +143,7 @@ def _mla_decode_kernel(
 # Programs per SM the split count aims for (attention_decode measured 2 to saturate HBM with its kernel).
 PROGRAMS_PER_SM = 2
 MAX_HEADS_PER_PROGRAM = 64  # [64, 512] float32 accumulator: 128 registers a thread at 8 warps
-WGMMA_SMEM = 229888  # bytes of shared memory mla_decode_hopper's kernel takes (ptxas, sm_90)
+WGMMA_SMEM = 229900  # bytes of shared memory mla_decode_hopper's kernel takes (its compiled metadata, sm_90)
 
 
 def mla_decode_config(num_seqs: int, num_heads: int, max_seq_len: int, device, query_dtype, cache_dtype,

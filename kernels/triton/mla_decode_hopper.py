@@ -4,16 +4,21 @@ split-KV as mla_decode.
 One program: BLOCK_H (64) heads of one token (128-head models run two programs a token), one split of its
 sequence (as mla_decode: the split's range is derived in-kernel from the real seq_len), two warpgroups with
 their own code (gl.warp_specialize), talking through mbarriers in shared memory:
-  - the softmax warpgroup (the default partition): per tile of BLOCK_N latent rows, the logits
+  - the softmax warpgroup (a worker partition): per tile of BLOCK_N latent rows, the logits
     S = q_nope · c^T + q_pe · k_pe^T [64 heads, 64 rows] (wgmma, N = 64), the online softmax (log2 domain),
     P (16-bit) and the rescale factor alpha to shared memory, then the left half of the output,
     O[:, :256] = alpha * O[:, :256] + P · c[:, :256];
-  - the load warpgroup (the worker): gathers the paged latent rows with cp.async into a two-tile ring (page ids
-    one tile ahead), and computes the right half, O[:, 256:], from the same P and alpha.
+  - the load warpgroup (the default partition): gathers the paged latent rows with cp.async into a RING-tile
+    ring (page ids one tile ahead), and computes the right half, O[:, 256:], from the same P and alpha.
 So the right half's wgmma of tile j runs while the softmax warpgroup computes the logits of tile j + 1: the
 tensor cores are not idle during the softmax, as they were when both warpgroups took every phase in lock step
 (this kernel's previous form). The logit dot is one N = 64 wgmma on one warpgroup instead of two N = 32 halves,
-so each step reads less shared memory for the same flops.
+so each step reads less shared memory for the same flops. H100, 128 heads, bf16 latent (benchmarks/mla_decode.py):
+143-163 us for 302 MB, 0.61-0.69 of copy bandwidth, 450-510 TFLOP/s (the lock-step form: 194-208 us).
+Tried on the H100 and slower (scratch A/B, same run): issuing tile j + 1's logits before tile j's softmax
+(217 vs 152 us: tile j + 1 was only just issued then, so its load latency showed) or right behind the left half's
+wgmma (164 vs 152 us: the right half and the next load come later); 32-row tiles in a 3- or 4-tile ring (176 vs
+152 us). The ring holds two 64-row tiles because the query takes 72 KB next to them.
 
 Barriers (phases count tiles; each is waited on by one warpgroup and arrived on by the other):
   ready[b]  tile in ring slot b may be read: bf16/fp16 caches, by the cp.asyncs themselves (every load thread's
@@ -51,6 +56,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from atom_kernels.triton._utils import FP8_DTYPES
 
 BLOCK_H, BLOCK_N, WARPS = 64, 64, 4  # WARPS: one warpgroup a partition (8 warps in all)
+RING = 2  # latent tiles the cp.async ring holds
 LOAD_THREADS = gl.constexpr(4 * 32)  # the load warpgroup's threads: one cp.async arrival each on ready
 SOFTMAX_REGS = 232  # the softmax warpgroup's registers a thread (left-half accumulator 128, logits 32, P)
 # Gluon's API as triton 3.6 has it (tested on the H100). triton 3.8 (SGLang 0.5.23) lacks thread_barrier and 3.9
@@ -115,7 +121,7 @@ def _softmax_partition(q_smem, qpe_smem, ring, ring_pe, conv, conv_pe, p_smem, a
                        SPLIT: gl.constexpr):
     """Logits, online softmax and the left half of the output (module docstring); writes O[:, :R/2] and the lse."""
     HALF: gl.constexpr = R // 2
-    NBUF: gl.constexpr = 1 if CONVERT else 2
+    NBUF: gl.constexpr = 1 if CONVERT else ring.shape[0]
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, BLOCK_N, 16])
     o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HALF, 16])
@@ -171,7 +177,8 @@ def _softmax_partition(q_smem, qpe_smem, ring, ring_pe, conv, conv_pe, p_smem, a
 
 @gluon.jit
 def _store_half(o, out_row, h, c, num_heads):
-    """o [BLOCK_H, HALF] to out_row + head * head_stride + column (out_row: a pointer per head, see _launch_rows)."""
+    """o [BLOCK_H, HALF] to out_row[0] + head * out_row[1] + column (the output's row of the token, or the split's
+    partials)."""
     gl.store(out_row[0] + h[:, None].to(gl.int64) * out_row[1] + c[None, :], o.to(out_row[0].dtype.element_ty),
              mask=(h < num_heads)[:, None])
 
@@ -188,7 +195,8 @@ def _load_partition(cache_ptr, pages, ring, ring_pe, conv, conv_pe, p_smem, a_sm
     o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HALF, 16])
     NOT_CONVERT: gl.constexpr = not CONVERT
     blk = _page_ids(pages, 0, start, end, BLOCK_N, BLOCK_SIZE, VEC)
-    for t in gl.static_range(2):  # the ring's two tiles (a commit group each, empty past the last tile)
+    RING: gl.constexpr = ring.shape[0]
+    for t in gl.static_range(RING):  # the ring's first tiles (a commit group each, empty past the last tile)
         if t < n_tiles:
             _issue_tile(cache_ptr, ring, ring_pe, t, blk, t, start, end, s_b, s_t, ready, NOT_CONVERT,
                         BLOCK_SIZE, R, ROPE, VEC)
@@ -205,23 +213,23 @@ def _load_partition(cache_ptr, pages, ring, ring_pe, conv, conv_pe, p_smem, a_sm
         if CONVERT:
             kv = conv.index(0)
         else:
-            kv = ring.index(j % 2)
+            kv = ring.index(j % RING)
         acc = acc * a_smem.load(gl.SliceLayout(1, o_l))[:, None]
         acc = warpgroup_mma(p_smem, kv.slice(HALF, HALF, dim=1), acc)
-        b, phase = _slot(j, 1 if CONVERT else 2)
+        b, phase = _slot(j, 1 if CONVERT else RING)
         mbarrier.wait(free.index(b), phase)  # the softmax warpgroup is done with tile j too
         gl.thread_barrier()
         mbarrier.arrive(p_free)
-        # ring slot j % 2 is free: tile j + 2 goes there (an empty commit group past the last tile)
-        if j + 2 < n_tiles:
-            _issue_tile(cache_ptr, ring, ring_pe, j % 2, blk, j + 2, start, end, s_b, s_t, ready, NOT_CONVERT,
+        # ring slot j % RING is free: tile j + RING goes there (an empty commit group past the last tile)
+        if j + RING < n_tiles:
+            _issue_tile(cache_ptr, ring, ring_pe, j % RING, blk, j + RING, start, end, s_b, s_t, ready, NOT_CONVERT,
                         BLOCK_SIZE, R, ROPE, VEC)
         else:
             cp.commit_group()
-        blk = _page_ids(pages, j + 3, start, end, BLOCK_N, BLOCK_SIZE, VEC)
+        blk = _page_ids(pages, j + RING + 1, start, end, BLOCK_N, BLOCK_SIZE, VEC)
         if CONVERT:
             if j + 1 < n_tiles:
-                _upcast(ring, ring_pe, conv, conv_pe, (j + 1) % 2, ready, ld)
+                _upcast(ring, ring_pe, conv, conv_pe, (j + 1) % RING, ready, ld)
     mbarrier.wait(p_full, n_tiles & 1)  # the final scale
     o = acc * a_smem.load(gl.SliceLayout(1, o_l))[:, None]
     h = head0 + gl.arange(0, BLOCK_H, gl.SliceLayout(1, o_l))
@@ -234,7 +242,7 @@ def _load_partition(cache_ptr, pages, ring, ring_pe, conv, conv_pe, p_smem, a_sm
 def _upcast(ring, ring_pe, conv, conv_pe, slot, ready, ld: gl.constexpr):
     """fp8 caches: the e4m3 tile in ring slot `slot` (the oldest of two commit groups in flight) into the converted
     buffer; each thread upcasts what it copied (its own cp.asyncs: no barrier before), then ready[0]."""
-    cp.wait_group(1)
+    cp.wait_group(ring.shape[0] - 1)
     conv.index(0).store(ring.index(slot).load(ld).to(conv.dtype))
     conv_pe.index(0).store(ring_pe.index(slot).load(ld).to(conv.dtype))
     fence_async_shared()
@@ -249,8 +257,8 @@ def _mla_decode_wgmma_kernel(
     plse_ptr, qk_scale, num_splits, ordered, num_heads, sq_t, sq_h, so_t, so_h, s_b, s_t,
     q_sl: gl.constexpr, qpe_sl: gl.constexpr, kv_sl: gl.constexpr, pe_sl: gl.constexpr, p_sl: gl.constexpr,
     ring_sl: gl.constexpr, ring_pe_sl: gl.constexpr,
-    BLOCK_SIZE: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, R: gl.constexpr, ROPE: gl.constexpr,
-    HAS_SCALE: gl.constexpr, SPLIT: gl.constexpr, SOFTMAX_REGS: gl.constexpr, PDL: gl.constexpr,
+    BLOCK_SIZE: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, RING: gl.constexpr, R: gl.constexpr,
+    ROPE: gl.constexpr, HAS_SCALE: gl.constexpr, SPLIT: gl.constexpr, SOFTMAX_REGS: gl.constexpr, PDL: gl.constexpr,
 ):
     dtype: gl.constexpr = q_ptr.dtype.element_ty
     CONVERT: gl.constexpr = cache_ptr.dtype.element_ty != dtype  # fp8 cache: tiles upcast in shared memory
@@ -271,7 +279,7 @@ def _mla_decode_wgmma_kernel(
     end = gl.minimum(start + chunk, seq_len)
     n_tiles = gl.cdiv(gl.maximum(end - start, 0), BLOCK_N)
 
-    # the query (this region runs on the softmax warpgroup's 4 warps)
+    # the query (this region runs on the default partition's 4 warps: the load warpgroup's)
     ld: gl.constexpr = _row_layout(8)
     head0 = hg * BLOCK_H
     h = head0 + gl.arange(0, BLOCK_H, gl.SliceLayout(1, ld))
@@ -282,8 +290,8 @@ def _mla_decode_wgmma_kernel(
     q_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, R], q_sl, gl.load(q_row + c[None, :], mask=h_ok, other=0.0))
     qpe_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, ROPE], qpe_sl,
                                          gl.load(q_row + (R + e)[None, :], mask=h_ok, other=0.0))
-    ring = gl.allocate_shared_memory(cache_ptr.dtype.element_ty, [2, BLOCK_N, R], ring_sl)
-    ring_pe = gl.allocate_shared_memory(cache_ptr.dtype.element_ty, [2, BLOCK_N, ROPE], ring_pe_sl)
+    ring = gl.allocate_shared_memory(cache_ptr.dtype.element_ty, [RING, BLOCK_N, R], ring_sl)
+    ring_pe = gl.allocate_shared_memory(cache_ptr.dtype.element_ty, [RING, BLOCK_N, ROPE], ring_pe_sl)
     if CONVERT:
         conv = gl.allocate_shared_memory(dtype, [1, BLOCK_N, R], kv_sl)
         conv_pe = gl.allocate_shared_memory(dtype, [1, BLOCK_N, ROPE], pe_sl)
@@ -292,11 +300,11 @@ def _mla_decode_wgmma_kernel(
         conv_pe = ring_pe
     p_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, BLOCK_N], p_sl)
     a_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-    ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
+    free = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
     p_full = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     p_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    for b in gl.static_range(2):
+    for b in gl.static_range(RING):
         mbarrier.init(ready.index(b), count=1 if CONVERT else LOAD_THREADS)
         mbarrier.init(free.index(b), count=1)
     mbarrier.init(p_full, count=1)
@@ -356,6 +364,7 @@ def launch_mla_decode_wgmma(query, cache, kv_indptr, kv_indices, seq_lens, query
         out, po, plse, qk_scale, num_splits, ordered[1], heads, query.stride(0), query.stride(1), out.stride(0),
         out.stride(1), cache.stride(0), cache.stride(1),
         **shared_layouts(query.dtype, cache.dtype, kv_lora_rank, width - kv_lora_rank),
-        BLOCK_SIZE=cache.shape[1], BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, R=kv_lora_rank, ROPE=width - kv_lora_rank,
+        BLOCK_SIZE=cache.shape[1], BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, RING=RING, R=kv_lora_rank,
+        ROPE=width - kv_lora_rank,
         HAS_SCALE=scaled, SPLIT=num_splits > 1, SOFTMAX_REGS=SOFTMAX_REGS, num_warps=WARPS, **launch,
     )
