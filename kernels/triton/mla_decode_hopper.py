@@ -31,8 +31,9 @@ The load warpgroup waits free before it arrives p_free, so the softmax warpgroup
 any barrier.
 
 An fp8 (e4m3) cache: the ring holds e4m3 tiles (half the bytes); the load warpgroup upcasts each into one tile
-buffer of the query's dtype (exact: e4m3 fits bf16 and fp16) when the previous tile is done, which both
-warpgroups' wgmmas read; the per-tensor scale goes on the logits and on the output, as in mla_decode. (There is
+fp16 buffer (exact: fp16 holds e4m3; one conversion instruction per two values, bf16 would take more) when the
+previous tile is done, which both warpgroups' wgmmas read, with the query pre-scaled into fp16 (mla_decode's
+DOT_F16); the per-tensor scale goes on the logits and on the output, as in mla_decode. (There is
 no room for two converted tiles next to the query: ~225 KB of shared memory either way.)
 
 Scope (mla_decode_config picks this kernel only there): CUDA sm_90, 16-bit query, cache of the query's dtype or
@@ -260,8 +261,10 @@ def _mla_decode_wgmma_kernel(
     BLOCK_SIZE: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, RING: gl.constexpr, R: gl.constexpr,
     ROPE: gl.constexpr, HAS_SCALE: gl.constexpr, SPLIT: gl.constexpr, SOFTMAX_REGS: gl.constexpr, PDL: gl.constexpr,
 ):
-    dtype: gl.constexpr = q_ptr.dtype.element_ty
-    CONVERT: gl.constexpr = cache_ptr.dtype.element_ty != dtype  # fp8 cache: tiles upcast in shared memory
+    CONVERT: gl.constexpr = cache_ptr.dtype.element_ty != q_ptr.dtype.element_ty  # fp8 cache: tiles upcast
+    # the dots' dtype: fp16 for fp8 caches (e4m3 -> fp16 is one conversion, -> bf16 more; fp16 holds e4m3 exactly),
+    # the query then pre-scaled by qk_scale to stay in fp16's range, as mla_decode's DOT_F16
+    dtype: gl.constexpr = gl.float16 if CONVERT else q_ptr.dtype.element_ty
     _pdl_prologue(PDL)
     hg = gl.program_id(0)
     split = gl.program_id(1)
@@ -287,9 +290,15 @@ def _mla_decode_wgmma_kernel(
     e = gl.arange(0, ROPE, gl.SliceLayout(0, ld))
     q_row = q_ptr + q_start * sq_t + h[:, None] * sq_h
     h_ok = (h < live_heads)[:, None]
-    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, R], q_sl, gl.load(q_row + c[None, :], mask=h_ok, other=0.0))
-    qpe_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, ROPE], qpe_sl,
-                                         gl.load(q_row + (R + e)[None, :], mask=h_ok, other=0.0))
+    q = gl.load(q_row + c[None, :], mask=h_ok, other=0.0)
+    q_pe = gl.load(q_row + (R + e)[None, :], mask=h_ok, other=0.0)
+    qk = qk_scale
+    if CONVERT:
+        q = (q.to(gl.float32) * qk_scale).to(dtype)
+        q_pe = (q_pe.to(gl.float32) * qk_scale).to(dtype)
+        qk = 1.0
+    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, R], q_sl, q)
+    qpe_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, ROPE], qpe_sl, q_pe)
     ring = gl.allocate_shared_memory(cache_ptr.dtype.element_ty, [RING, BLOCK_N, R], ring_sl)
     ring_pe = gl.allocate_shared_memory(cache_ptr.dtype.element_ty, [RING, BLOCK_N, ROPE], ring_pe_sl)
     if CONVERT:
@@ -311,7 +320,6 @@ def _mla_decode_wgmma_kernel(
     mbarrier.init(p_free, count=1)
     fence_async_shared()
 
-    qk = qk_scale
     out_scale = 1.0
     if HAS_SCALE:
         qk = qk * gl.load(scale_ptr).to(gl.float32)
@@ -336,7 +344,8 @@ def _mla_decode_wgmma_kernel(
 
 
 def shared_layouts(dtype: torch.dtype, cache_dtype: torch.dtype, r: int, rope: int) -> dict:
-    """The NVMMA (wgmma-ready, 128-byte swizzled) shared layouts of the kernel's buffers."""
+    """The NVMMA (wgmma-ready, 128-byte swizzled) shared layouts of the kernel's buffers (16-bit ones: fp16 and
+    bf16 share them, so the dots' dtype is the query's here)."""
     g, gc = GL_DTYPES[dtype], GL_DTYPES[cache_dtype]
     nvmma = gl.NVMMASharedLayout.get_default_for
     return dict(q_sl=nvmma([BLOCK_H, r], g), qpe_sl=nvmma([BLOCK_H, rope], g), kv_sl=nvmma([BLOCK_N, r], g),
