@@ -51,7 +51,7 @@ from atom_kernels.triton.mla_common import attend_latent, load_latent_tile, load
 try:
     from atom_kernels.triton.mla_decode_hopper import SUPPORTED as GLUON_HOPPER
     from atom_kernels.triton.mla_decode_hopper import launch_mla_decode_wgmma, wgmma_fits
-except ImportError:  # a triton without Gluon: the Triton kernel everywhere
+except (ImportError, AttributeError):  # a triton without Gluon (or another Gluon API): the Triton kernel
     GLUON_HOPPER = False
 
     def wgmma_fits(query, cache, kv_lora_rank, out) -> bool:

