@@ -138,8 +138,8 @@ def _mla_decode_wgmma_kernel(
 
     out_scale = 1.0
     if HAS_SCALE:
-        qk = qk * gl.load(scale_ptr).to(gl.float32)
         out_scale = gl.load(scale_ptr).to(gl.float32)
+        qk = qk * out_scale
     if SPLIT:  # partials [num_seqs, heads, num_splits, R] and their lse [num_seqs, heads, num_splits]
         out_row = (po_ptr + (seq * num_heads * num_splits + split).to(gl.int64) * R, num_splits * R)
         lse_row = (plse_ptr + (seq * num_heads).to(gl.int64) * num_splits + split, num_splits)
@@ -151,11 +151,11 @@ def _mla_decode_wgmma_kernel(
     # in the default partition, whose region has no warp count while it is built
     gl.warp_specialize([
         (load_partition, (cache_ptr, pages, ring, ring_pe, conv, conv_pe, p_smem, a_smem, ready, free, p_full,
-                           p_free, n_tiles, start, end, s_b, s_t, out_row, live_heads, head0,
-                           BLOCK_H, BLOCK_N, BLOCK_SIZE, R, ROPE, CONVERT)),
-        (softmax_partition, (q_smem, qpe_smem, ring, ring_pe, conv, conv_pe, p_smem, a_smem, ready, free, p_full,
-                              p_free, n_tiles, start, end, qk, out_scale, out_row, lse_row, live_heads, head0,
-                              BLOCK_H, BLOCK_N, R, CONVERT, SPLIT)),
+                          p_free, n_tiles, start, end, s_b, s_t, out_row, live_heads, head0,
+                          BLOCK_H, BLOCK_N, BLOCK_SIZE, R, ROPE, CONVERT)),
+        (softmax_partition, (q_smem, qpe_smem, conv, conv_pe, p_smem, a_smem, ready, free, p_full, p_free, n_tiles,
+                             start, end, qk, out_scale, out_row, lse_row, live_heads, head0,
+                             BLOCK_H, BLOCK_N, R, SPLIT)),
     ], [4], [SOFTMAX_REGS])  # the softmax warpgroup: 4 warps (WARPS)
 
 

@@ -66,13 +66,13 @@ def _issue_tile(cache_ptr, ring, ring_pe, slot, blk, t, start, end, s_b, s_t, re
 
 
 @gluon.jit
-def softmax_partition(q_smem, qpe_smem, ring, ring_pe, conv, conv_pe, p_smem, a_smem, ready, free, p_full, p_free,
-                       n_tiles, start, end, qk, out_scale, out_row, lse_row, num_heads, head0,
-                       BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, R: gl.constexpr, CONVERT: gl.constexpr,
-                       SPLIT: gl.constexpr):
-    """Logits, online softmax and the left half of the output (module docstring); writes O[:, :R/2] and the lse."""
+def softmax_partition(q_smem, qpe_smem, conv, conv_pe, p_smem, a_smem, ready, free, p_full, p_free, n_tiles, start,
+                      end, qk, out_scale, out_row, lse_row, num_heads, head0,
+                      BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, R: gl.constexpr, SPLIT: gl.constexpr):
+    """Logits, online softmax and the left half of the output (module docstring); writes O[:, :R/2] and the lse.
+    conv: the tiles the wgmmas read (the ring itself, or for fp8 caches the one converted tile)."""
     HALF: gl.constexpr = R // 2
-    NBUF: gl.constexpr = 1 if CONVERT else ring.shape[0]
+    NBUF: gl.constexpr = conv.shape[0]
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, BLOCK_N, 16])
     o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HALF, 16])
@@ -84,12 +84,8 @@ def softmax_partition(q_smem, qpe_smem, ring, ring_pe, conv, conv_pe, p_smem, a_
         b, phase = _slot(j, NBUF)
         mbarrier.wait(ready.index(b), phase)
         fence_async_shared()  # cp.async (generic proxy) writes, read by the wgmma (async proxy)
-        if CONVERT:
-            kv = conv.index(0)
-            pe = conv_pe.index(0)
-        else:
-            kv = ring.index(b)
-            pe = ring_pe.index(b)
+        kv = conv.index(b)
+        pe = conv_pe.index(b)
         s = warpgroup_mma(q_smem, kv.permute((1, 0)), gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_l), use_acc=False,
                           is_async=True)
         s = warpgroup_mma(qpe_smem, pe.permute((1, 0)), s, is_async=True)
@@ -136,9 +132,9 @@ def _store_half(o, out_row, h, c, num_heads):
 
 @gluon.jit
 def load_partition(cache_ptr, pages, ring, ring_pe, conv, conv_pe, p_smem, a_smem, ready, free, p_full, p_free,
-                    n_tiles, start, end, s_b, s_t, out_row, num_heads, head0,
-                    BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_SIZE: gl.constexpr, R: gl.constexpr,
-                    ROPE: gl.constexpr, CONVERT: gl.constexpr):
+                   n_tiles, start, end, s_b, s_t, out_row, num_heads, head0,
+                   BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_SIZE: gl.constexpr, R: gl.constexpr,
+                   ROPE: gl.constexpr, CONVERT: gl.constexpr):
     """The latent ring's loads (and fp8 upcasts) and the right half of the output; writes O[:, R/2:]."""
     HALF: gl.constexpr = R // 2
     VEC: gl.constexpr = 16 if CONVERT else 8
@@ -161,13 +157,9 @@ def load_partition(cache_ptr, pages, ring, ring_pe, conv, conv_pe, p_smem, a_sme
     for j in range(n_tiles):
         mbarrier.wait(p_full, j & 1)
         fence_async_shared()
-        if CONVERT:
-            kv = conv.index(0)
-        else:
-            kv = ring.index(j % RING)
+        b, phase = _slot(j, conv.shape[0])  # conv: the ring itself, or for fp8 caches the one converted tile
         acc = acc * a_smem.load(gl.SliceLayout(1, o_l))[:, None]
-        acc = warpgroup_mma(p_smem, kv.slice(HALF, HALF, dim=1), acc)
-        b, phase = _slot(j, 1 if CONVERT else RING)
+        acc = warpgroup_mma(p_smem, conv.index(b).slice(HALF, HALF, dim=1), acc)
         mbarrier.wait(free.index(b), phase)  # the softmax warpgroup is done with tile j too
         gl.thread_barrier()
         mbarrier.arrive(p_free)
