@@ -51,6 +51,8 @@ from atom_kernels.triton.mla_common import attend_latent, load_latent_tile, load
 try:
     from atom_kernels.triton.mla_decode_hopper import SUPPORTED as GLUON_HOPPER
     from atom_kernels.triton.mla_decode_hopper import launch_mla_decode_wgmma, wgmma_fits
+    from atom_kernels.triton.mla_hopper_few_heads import MAX_HEADS as FEW_HEADS
+    from atom_kernels.triton.mla_hopper_few_heads import launch_mla_decode_few_heads
 except (ImportError, AttributeError):  # a triton without Gluon (or another Gluon API): the Triton kernel
     GLUON_HOPPER = False
 
@@ -226,10 +228,11 @@ def launch_mla_decode(query, cache, kv_indptr, kv_indices, seq_lens, query_start
     launch = pdl(query.device)
     ordered = order_args(order, seq_lens)
     if wgmma:
-        check(wgmma_fits(query, cache, kv_lora_rank, out), "wgmma=True for arguments the wgmma kernel does not take "
+        check(wgmma_fits(query, cache, kv_lora_rank, out), "wgmma=True for arguments the wgmma kernels do not take "
               "(see mla_decode_hopper.wgmma_fits); let mla_decode_config decide")
-        launch_mla_decode_wgmma(query, cache, kv_indptr, kv_indices, seq_lens, query_start_loc, qk_scale,
-                                kv_lora_rank, cache_scale, out, po, plse, num_splits, ordered, launch)
+        kernel = launch_mla_decode_few_heads if heads <= FEW_HEADS else launch_mla_decode_wgmma
+        kernel(query, cache, kv_indptr, kv_indices, seq_lens, query_start_loc, qk_scale, kv_lora_rank, cache_scale,
+               out, po, plse, num_splits, ordered, launch)
     else:
         _mla_decode_kernel[(triton.cdiv(heads, block_h), num_splits, num_seqs)](
             query, cache, kv_indptr, kv_indices, seq_lens, query_start_loc, ordered[0],

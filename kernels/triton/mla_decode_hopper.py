@@ -67,6 +67,45 @@ def _pdl_prologue(PDL: gl.constexpr):
                                   is_pure=False, pack=1)
 
 
+@gluon.jit
+def decode_rows(qsl_ptr, seq_lens_ptr, order_ptr, ordered, num_heads, num_splits, split, BLOCK_N: gl.constexpr):
+    """This program's sequence (grid axis 2: the launch-order rank, as in mla_decode), its query row, the heads
+    it loads and stores (none for a row that is not a decode: the prefill kernel has it; no early return around
+    a warp-specialised region), and its split's rows [start, end) in n_tiles tiles."""
+    seq = gl.program_id(2)
+    if ordered != 0:
+        seq = gl.load(order_ptr + seq)
+    q_start = gl.load(qsl_ptr + seq).to(gl.int64)
+    decode = gl.load(qsl_ptr + seq + 1) - q_start == 1
+    live_heads = gl.where(decode, num_heads, 0)
+    seq_len = gl.where(decode, gl.load(seq_lens_ptr + seq), 0)
+    chunk = gl.cdiv(gl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    start = split * chunk
+    end = gl.minimum(start + chunk, seq_len)
+    return seq, q_start, live_heads, start, end, gl.cdiv(gl.maximum(end - start, 0), BLOCK_N)
+
+
+@gluon.jit
+def load_query(q_ptr, q_start, head0, live_heads, sq_t, sq_h, qk_scale, dtype: gl.constexpr, BLOCK_H: gl.constexpr,
+               R: gl.constexpr, ROPE: gl.constexpr):
+    """Heads [head0, head0 + BLOCK_H) of the query row (zero from live_heads on) in the dots' dtype, and the logits'
+    scale: for fp16 dots on a bf16 query (fp8 caches) the query pre-scaled by qk_scale, as mla_decode's DOT_F16."""
+    ld: gl.constexpr = row_layout(8)
+    h = head0 + gl.arange(0, BLOCK_H, gl.SliceLayout(1, ld))
+    c = gl.arange(0, R, gl.SliceLayout(0, ld))
+    e = gl.arange(0, ROPE, gl.SliceLayout(0, ld))
+    q_row = q_ptr + q_start * sq_t + h[:, None] * sq_h
+    h_ok = (h < live_heads)[:, None]
+    q = gl.load(q_row + c[None, :], mask=h_ok, other=0.0)
+    q_pe = gl.load(q_row + (R + e)[None, :], mask=h_ok, other=0.0)
+    qk = qk_scale
+    if dtype != q_ptr.dtype.element_ty:
+        q = (q.to(gl.float32) * qk_scale).to(dtype)
+        q_pe = (q_pe.to(gl.float32) * qk_scale).to(dtype)
+        qk = 1.0
+    return q, q_pe, qk
+
+
 @gluon.jit(do_not_specialize=["num_splits", "ordered", "qsl_ptr", "seq_lens_ptr", "kv_indptr_ptr", "kv_indices_ptr",
                                "order_ptr"])
 def _mla_decode_wgmma_kernel(
@@ -84,35 +123,10 @@ def _mla_decode_wgmma_kernel(
     _pdl_prologue(PDL)
     hg = gl.program_id(0)
     split = gl.program_id(1)
-    seq = gl.program_id(2)  # the launch-order rank, as in mla_decode
-    if ordered != 0:
-        seq = gl.load(order_ptr + seq)
-    q_start = gl.load(qsl_ptr + seq).to(gl.int64)
-    # not a decode (the prefill kernel has it): no tiles and no head stored (no early return around the
-    # warp-specialised region)
-    decode = gl.load(qsl_ptr + seq + 1) - q_start == 1
-    live_heads = gl.where(decode, num_heads, 0)  # heads below this are loaded and stored
-    seq_len = gl.where(decode, gl.load(seq_lens_ptr + seq), 0)
-    chunk = gl.cdiv(gl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
-    start = split * chunk
-    end = gl.minimum(start + chunk, seq_len)
-    n_tiles = gl.cdiv(gl.maximum(end - start, 0), BLOCK_N)
-
-    # the query (this region runs on the default partition's 4 warps: the load warpgroup's)
-    ld: gl.constexpr = row_layout(8)
+    seq, q_start, live_heads, start, end, n_tiles = decode_rows(qsl_ptr, seq_lens_ptr, order_ptr, ordered, num_heads,
+                                                               num_splits, split, BLOCK_N)
     head0 = hg * BLOCK_H
-    h = head0 + gl.arange(0, BLOCK_H, gl.SliceLayout(1, ld))
-    c = gl.arange(0, R, gl.SliceLayout(0, ld))
-    e = gl.arange(0, ROPE, gl.SliceLayout(0, ld))
-    q_row = q_ptr + q_start * sq_t + h[:, None] * sq_h
-    h_ok = (h < live_heads)[:, None]
-    q = gl.load(q_row + c[None, :], mask=h_ok, other=0.0)
-    q_pe = gl.load(q_row + (R + e)[None, :], mask=h_ok, other=0.0)
-    qk = qk_scale
-    if CONVERT:
-        q = (q.to(gl.float32) * qk_scale).to(dtype)
-        q_pe = (q_pe.to(gl.float32) * qk_scale).to(dtype)
-        qk = 1.0
+    q, q_pe, qk = load_query(q_ptr, q_start, head0, live_heads, sq_t, sq_h, qk_scale, dtype, BLOCK_H, R, ROPE)
     q_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, R], q_sl, q)
     qpe_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, ROPE], qpe_sl, q_pe)
     ring = gl.allocate_shared_memory(cache_ptr.dtype.element_ty, [RING, BLOCK_N, R], ring_sl)
@@ -159,14 +173,15 @@ def _mla_decode_wgmma_kernel(
     ], [4], [SOFTMAX_REGS])  # the softmax warpgroup: 4 warps (WARPS)
 
 
-def shared_layouts(dtype: torch.dtype, cache_dtype: torch.dtype, r: int, rope: int) -> dict:
-    """The NVMMA (wgmma-ready, 128-byte swizzled) shared layouts of the kernel's buffers (16-bit ones: fp16 and
-    bf16 share them, so the dots' dtype is the query's here)."""
+def shared_layouts(dtype: torch.dtype, cache_dtype: torch.dtype, r: int, rope: int, block_h: int, block_n: int,
+                   p_shape: list) -> dict:
+    """The NVMMA (wgmma-ready, swizzled) shared layouts of the kernels' buffers (16-bit ones: fp16 and bf16 share
+    them, so the dots' dtype is the query's here): query, latent tiles (fp16 and the cache's dtype), P (p_shape)."""
     g, gc = GL_DTYPES[dtype], GL_DTYPES[cache_dtype]
     nvmma = gl.NVMMASharedLayout.get_default_for
-    return dict(q_sl=nvmma([BLOCK_H, r], g), qpe_sl=nvmma([BLOCK_H, rope], g), kv_sl=nvmma([BLOCK_N, r], g),
-                pe_sl=nvmma([BLOCK_N, rope], g), p_sl=nvmma([BLOCK_H, BLOCK_N], g),
-                ring_sl=nvmma([BLOCK_N, r], gc), ring_pe_sl=nvmma([BLOCK_N, rope], gc))
+    return dict(q_sl=nvmma([block_h, r], g), qpe_sl=nvmma([block_h, rope], g), kv_sl=nvmma([block_n, r], g),
+                pe_sl=nvmma([block_n, rope], g), p_sl=nvmma(p_shape, g),
+                ring_sl=nvmma([block_n, r], gc), ring_pe_sl=nvmma([block_n, rope], gc))
 
 
 def wgmma_fits(query, cache, kv_lora_rank: int, out) -> bool:
@@ -188,7 +203,8 @@ def launch_mla_decode_wgmma(query, cache, kv_indptr, kv_indices, seq_lens, query
         query, cache, kv_indptr, kv_indices, seq_lens, query_start_loc, ordered[0], cache_scale if scaled else query,
         out, po, plse, qk_scale, num_splits, ordered[1], heads, query.stride(0), query.stride(1), out.stride(0),
         out.stride(1), cache.stride(0), cache.stride(1),
-        **shared_layouts(query.dtype, cache.dtype, kv_lora_rank, width - kv_lora_rank),
+        **shared_layouts(query.dtype, cache.dtype, kv_lora_rank, width - kv_lora_rank, BLOCK_H, BLOCK_N,
+                         [BLOCK_H, BLOCK_N]),
         BLOCK_SIZE=cache.shape[1], BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, RING=RING, R=kv_lora_rank,
         ROPE=width - kv_lora_rank,
         HAS_SCALE=scaled, SPLIT=num_splits > 1, SOFTMAX_REGS=SOFTMAX_REGS, num_warps=WARPS, **launch,

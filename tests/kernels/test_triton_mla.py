@@ -190,10 +190,11 @@ def test_decode_prefetch_and_f8_bits(block_h, block_n, warps, prefetch, f8_bits)
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype, cache_dtype", [(BF16, BF16), (F16, F16), (BF16, FP8), (F16, FP8)], ids=ids)
 @pytest.mark.parametrize("splits", [1, 3, 8])
-@pytest.mark.parametrize("heads", [64, 100, 128])
+@pytest.mark.parametrize("heads", [16, 20, 32, 64, 100, 128])
 def test_hopper_decode_matches_reference(heads, splits, dtype, cache_dtype):
-    """mla_decode_hopper's wgmma kernel: head groups with masked heads (100), empty splits, contexts that end
-    inside a tile and inside a page, one-token contexts, long ones over many tiles; fp8 caches with a scale."""
+    """Hopper's wgmma kernels (mla_hopper_few_heads up to 32 heads, mla_decode_hopper above): head groups with
+    masked heads (20, 100), empty splits, contexts that end inside a tile and inside a page, one-token contexts,
+    long ones over many tiles; fp8 caches with a scale."""
     if not hopper(torch.device("cuda")):
         pytest.skip("the wgmma kernel needs sm_90 (Hopper)")
     seqs = DECODES + [(1000, 1), (4099, 1), (129, 1)]
@@ -212,6 +213,8 @@ def test_decode_any_launch_order(order, wgmma):
     for splits in (1, 3):
         check_decode_config(seqs, 128, 512, 64, BF16, "cuda", 64, 64 if wgmma else 32, 8, splits, order=order,
                             wgmma=wgmma)
+        if wgmma:  # the few-heads kernel, on an fp8 cache
+            check_decode_config(seqs, 16, 512, 64, BF16, "cuda", 16, 64, 4, splits, FP8, order=order, wgmma=True)
 
 
 @pytest.mark.gpu
