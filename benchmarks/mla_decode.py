@@ -11,8 +11,8 @@ copy). TFLOP/s counts 2 * B * H * L * (576 + 512). Peers over the same latent va
     oracle); skipped where its float32 copies (GQA expands the latent per head) would exceed REF_BYTES.
 Then batches of mixed context lengths (MIXED, uniform in [256, 4096]) launched longest first vs in batch order.
 A mini-sweep of heads per program (BLOCK_H 16/32/64) of the Triton kernel shows what the default config leaves on
-the table; with more than 32 heads on an H100 the default ("ours") is Hopper's wgmma kernel (mla_decode_hopper),
-so there the BLOCK_H=64 row is the Triton kernel it replaced.
+the table; on an H100 the default ("ours") is one of Hopper's wgmma kernels (mla_hopper_few_heads up to 32 heads,
+mla_decode_hopper above), so there the BLOCK_H rows are the Triton kernel they replaced.
 Goals: >= 0.8 of copy bandwidth; fp8 <= 0.6 of bf16 time. With 128 heads the decode does 242 flops per byte
 of bf16 latent: at ~2.8 TB/s that is ~700 TFLOP/s, near the H100's dense bf16 peak, so that case is
 compute-bound (the TFLOP/s column says how close).

@@ -151,8 +151,10 @@ WGMMA_SMEM = 229900  # bytes of shared memory mla_decode_hopper's kernel takes (
 def mla_decode_config(num_seqs: int, num_heads: int, max_seq_len: int, device, query_dtype, cache_dtype,
                       wgmma_shapes: bool) -> dict:
     """Heads per program, tile, warps, stages, split count and the fp8 options (sweep: benchmarks/mla_decode.py
-    --sweep). cache_dtype: the latent cache's. wgmma_shapes: the arguments fit mla_decode_hopper's kernel
-    (wgmma_fits); decided here once, since the split count depends on the kernel (one wgmma program an SM).
+    --sweep). cache_dtype: the latent cache's. wgmma_shapes: the arguments fit Hopper's kernels (wgmma_fits);
+    decided here once, since the split count depends on the kernel (one wgmma program an SM). On an H100 they take
+    every head count there: mla_hopper_few_heads up to 32 heads (16 heads: bf16 109-112 vs 118 us for the Triton
+    kernel, fp8 77-81 vs 130 us; 32 heads 2.4-3x faster), mla_decode_hopper above.
 
     float32 queries (parity tests) take 16 heads and 16-row tiles: IEEE fp32 dots need twice the registers.
     16-bit queries, from the H100 sweep (latent 512 + 64, B x L 64 x 4096 / 128 x 2048 / 16 x 16384, bf16 and fp8
@@ -177,7 +179,7 @@ def mla_decode_config(num_seqs: int, num_heads: int, max_seq_len: int, device, q
     else:
         block_n, stages = 32, 2
     warps = 4 if block_h <= 16 else 8
-    wgmma = wgmma_shapes and block_h == 64 and hopper(device)
+    wgmma = wgmma_shapes and hopper(device)
     programs = num_seqs * triton.cdiv(num_heads, block_h)
     splits = pick_splits(programs, resident_programs(wgmma, device), triton.cdiv(max(max_seq_len, 1), 256))
     return dict(block_h=block_h, block_n=block_n, num_warps=warps, num_stages=stages, num_splits=splits,
@@ -185,13 +187,14 @@ def mla_decode_config(num_seqs: int, num_heads: int, max_seq_len: int, device, q
 
 
 def resident_programs(wgmma: bool, device) -> int:
-    """Decode programs the GPU runs at once: the wgmma kernel's ~225 KB of shared memory allows one an SM."""
+    """Decode programs the GPU runs at once: the wgmma kernels' 165-225 KB of shared memory allow one an SM."""
     return (1 if wgmma else PROGRAMS_PER_SM) * num_sms(device)
 
 
 @functools.cache
 def hopper(device: torch.device) -> bool:
-    """sm_90 with room for mla_decode_hopper's ~225 KB of shared memory (wgmma is Hopper's alone)."""
+    """sm_90 with room for the wgmma kernels' shared memory (mla_decode_hopper's ~225 KB, the most; wgmma is
+    Hopper's alone)."""
     return (GLUON_HOPPER and device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
             and shared_memory(device) >= WGMMA_SMEM)
 
@@ -211,9 +214,9 @@ def launch_mla_decode(query, cache, kv_indptr, kv_indices, seq_lens, query_start
 
     prefetch: the next latent tile loaded into registers ahead of the dots (any cache dtype); f8_bits: the
     integer e4m3 -> fp16 upcast (fp8 caches only, ignored for others). See the module docstring. wgmma: Hopper's
-    kernel (mla_decode_hopper) where it fits the arguments (block_h 64 then; the other tile settings are this
-    kernel's); mla_decode_config says when. order: attention_decode.decode_order's permutation (None: batch
-    order).
+    kernels where they fit the arguments, by head count (mla_hopper_few_heads up to 32 heads, mla_decode_hopper
+    above; the tile settings are theirs); mla_decode_config says when. order: attention_decode.decode_order's
+    permutation (None: batch order).
     """
     num_seqs = seq_lens.shape[0]
     check_grid_seqs(num_seqs)

@@ -29,8 +29,8 @@ DOT_F16); the per-tensor scale goes on the logits and on the output, as in mla_d
 no room for two converted tiles next to the query: ~225 KB of shared memory either way.)
 
 Scope (mla_decode_config picks this kernel only there): CUDA sm_90, 16-bit query, cache of the query's dtype or
-e4m3, kv_lora_rank 512 and rope 64 (DeepSeek-V2/V3), more than 32 heads. Everything else, and any GPU without
-~225 KB of shared memory a block, takes mla_decode's Triton kernel.
+e4m3, kv_lora_rank 512 and rope 64 (DeepSeek-V2/V3), more than 32 heads (up to 32: mla_hopper_few_heads). Everything
+else, and any GPU without ~225 KB of shared memory a block, takes mla_decode's Triton kernel.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float
 
 
 @gluon.jit
-def _pdl_prologue(PDL: gl.constexpr):
+def gluon_pdl_prologue(PDL: gl.constexpr):
     """Gluon's form of _utils.pdl_prologue: wait for the kernels before this one, then let the next one launch."""
     if PDL:
         gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False,
@@ -106,6 +106,47 @@ def load_query(q_ptr, q_start, head0, live_heads, sq_t, sq_h, qk_scale, dtype: g
     return q, q_pe, qk
 
 
+@gluon.jit
+def tile_buffers(q, q_pe, cache_ptr, q_sl: gl.constexpr, qpe_sl: gl.constexpr, kv_sl: gl.constexpr,
+                 pe_sl: gl.constexpr, ring_sl: gl.constexpr, ring_pe_sl: gl.constexpr, RING: gl.constexpr,
+                 BLOCK_N: gl.constexpr):
+    """Shared memory: the query (in the dots' dtype), the ring of RING latent tiles (the cache's dtype) and the
+    tiles the dots read: for an fp8 cache one tile in the dots' dtype (the upcasts' target), else the ring."""
+    BLOCK_H: gl.constexpr = q.shape[0]
+    R: gl.constexpr = q.shape[1]
+    ROPE: gl.constexpr = q_pe.shape[1]
+    q_smem = gl.allocate_shared_memory(q.dtype, [BLOCK_H, R], q_sl, q)
+    qpe_smem = gl.allocate_shared_memory(q.dtype, [BLOCK_H, ROPE], qpe_sl, q_pe)
+    ring = gl.allocate_shared_memory(cache_ptr.dtype.element_ty, [RING, BLOCK_N, R], ring_sl)
+    ring_pe = gl.allocate_shared_memory(cache_ptr.dtype.element_ty, [RING, BLOCK_N, ROPE], ring_pe_sl)
+    if cache_ptr.dtype.element_ty != q.dtype:
+        conv = gl.allocate_shared_memory(q.dtype, [1, BLOCK_N, R], kv_sl)
+        conv_pe = gl.allocate_shared_memory(q.dtype, [1, BLOCK_N, ROPE], pe_sl)
+    else:
+        conv = ring
+        conv_pe = ring_pe
+    return q_smem, qpe_smem, ring, ring_pe, conv, conv_pe
+
+
+@gluon.jit
+def output_rows(scale_ptr, qk, out_ptr, po_ptr, plse_ptr, seq, q_start, split, num_heads, num_splits, so_t, so_h,
+                R: gl.constexpr, HAS_SCALE: gl.constexpr, SPLIT: gl.constexpr):
+    """The logits' scale and the output's (times the cache scale), and where the output goes: (row base, head
+    stride) of O, or of the split's partials [num_seqs, heads, num_splits, R], and of their lse
+    [num_seqs, heads, num_splits]."""
+    out_scale = 1.0
+    if HAS_SCALE:
+        out_scale = gl.load(scale_ptr).to(gl.float32)
+        qk = qk * out_scale
+    if SPLIT:
+        out_row = (po_ptr + (seq * num_heads * num_splits + split).to(gl.int64) * R, num_splits * R)
+        lse_row = (plse_ptr + (seq * num_heads).to(gl.int64) * num_splits + split, num_splits)
+    else:
+        out_row = (out_ptr + q_start * so_t, so_h)
+        lse_row = (plse_ptr, 0)
+    return qk, out_scale, out_row, lse_row
+
+
 @gluon.jit(do_not_specialize=["num_splits", "ordered", "qsl_ptr", "seq_lens_ptr", "kv_indptr_ptr", "kv_indices_ptr",
                                "order_ptr"])
 def _mla_decode_wgmma_kernel(
@@ -120,23 +161,15 @@ def _mla_decode_wgmma_kernel(
     # the dots' dtype: fp16 for fp8 caches (e4m3 -> fp16 is one conversion, -> bf16 more; fp16 holds e4m3 exactly),
     # the query then pre-scaled by qk_scale to stay in fp16's range, as mla_decode's DOT_F16
     dtype: gl.constexpr = gl.float16 if CONVERT else q_ptr.dtype.element_ty
-    _pdl_prologue(PDL)
+    gluon_pdl_prologue(PDL)
     hg = gl.program_id(0)
     split = gl.program_id(1)
     seq, q_start, live_heads, start, end, n_tiles = decode_rows(qsl_ptr, seq_lens_ptr, order_ptr, ordered, num_heads,
                                                                num_splits, split, BLOCK_N)
     head0 = hg * BLOCK_H
     q, q_pe, qk = load_query(q_ptr, q_start, head0, live_heads, sq_t, sq_h, qk_scale, dtype, BLOCK_H, R, ROPE)
-    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, R], q_sl, q)
-    qpe_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, ROPE], qpe_sl, q_pe)
-    ring = gl.allocate_shared_memory(cache_ptr.dtype.element_ty, [RING, BLOCK_N, R], ring_sl)
-    ring_pe = gl.allocate_shared_memory(cache_ptr.dtype.element_ty, [RING, BLOCK_N, ROPE], ring_pe_sl)
-    if CONVERT:
-        conv = gl.allocate_shared_memory(dtype, [1, BLOCK_N, R], kv_sl)
-        conv_pe = gl.allocate_shared_memory(dtype, [1, BLOCK_N, ROPE], pe_sl)
-    else:
-        conv = ring
-        conv_pe = ring_pe
+    q_smem, qpe_smem, ring, ring_pe, conv, conv_pe = tile_buffers(q, q_pe, cache_ptr, q_sl, qpe_sl, kv_sl, pe_sl,
+                                                                  ring_sl, ring_pe_sl, RING, BLOCK_N)
     p_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, BLOCK_N], p_sl)
     a_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     ready = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
@@ -150,16 +183,8 @@ def _mla_decode_wgmma_kernel(
     mbarrier.init(p_free, count=1)
     fence_async_shared()
 
-    out_scale = 1.0
-    if HAS_SCALE:
-        out_scale = gl.load(scale_ptr).to(gl.float32)
-        qk = qk * out_scale
-    if SPLIT:  # partials [num_seqs, heads, num_splits, R] and their lse [num_seqs, heads, num_splits]
-        out_row = (po_ptr + (seq * num_heads * num_splits + split).to(gl.int64) * R, num_splits * R)
-        lse_row = (plse_ptr + (seq * num_heads).to(gl.int64) * num_splits + split, num_splits)
-    else:
-        out_row = (out_ptr + q_start * so_t, so_h)
-        lse_row = (plse_ptr, 0)
+    qk, out_scale, out_row, lse_row = output_rows(scale_ptr, qk, out_ptr, po_ptr, plse_ptr, seq, q_start, split,
+                                                  num_heads, num_splits, so_t, so_h, R, HAS_SCALE, SPLIT)
     pages = kv_indices_ptr + gl.load(kv_indptr_ptr + seq).to(gl.int64)
     # the load warpgroup is the default partition: triton 3.6 cannot build a reduction (the softmax's row max)
     # in the default partition, whose region has no warp count while it is built

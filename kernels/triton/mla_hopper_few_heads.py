@@ -8,17 +8,24 @@ so no tensor-core work is spent on padding heads (mla_decode_hopper's kernel tak
 softmax then runs down the columns of S^T (across the warpgroup's warps).
 
 Two warpgroups (gl.warp_specialize), talking through mbarriers (as mla_decode_hopper; its barrier words):
-  - the load warpgroup (the default partition): the cp.async ring of latent tiles (page ids one tile ahead) and,
-    for fp8 (e4m3) caches, the upcast of each tile into the one fp16 tile the dots read (exact; the query is
-    pre-scaled into fp16, as mla_decode's DOT_F16), once the dots are done with the previous one;
+  - the load warpgroup (the default partition): the cp.async ring of latent tiles (page ids one tile ahead; an
+    fp8 ring of RING_FP8 36 KB tiles) and, for fp8 (e4m3) caches, the upcast of each tile into the one fp16 tile
+    the dots read (exact; the query is pre-scaled into fp16, as mla_decode's DOT_F16), once the dots are done
+    with the previous one;
   - the dot warpgroup (a worker): per tile, the logits, the online softmax (log2 domain), P^T to shared memory and
     the output; it stores O and the lse.
   ready[b]: tile b may be read (bf16/fp16: the cp.asyncs arrive themselves; fp8: the upcast is done);
   free[b]:  the dot warpgroup is done with tile b.
-The point is fp8: at 16 heads the decode is memory-bound, and the Triton kernel (mma.sync, 16 heads a program)
-took longer on an e4m3 cache than on a bf16 one (H100: 130 vs 118 us for 151 vs 302 MB), bound by its per-tile
-chain, not by the bytes. Here an fp8 ring of RING_FP8 tiles (36 KB each) keeps the loads in flight while the dots
-and upcasts run.
+Why: at 16 heads the decode is memory-bound, and the Triton kernel (mma.sync, 16 heads a program) took longer on
+an e4m3 cache than on a bf16 one (H100: 130 vs 118 us for 151 vs 302 MB), bound by its per-tile chain, not by
+the bytes. H100, 16 heads, latent 512 + 64 (B x L 64 x 4096 / 128 x 2048 / 16 x 16384, scratch A/B, same run):
+bf16 109-112 us (0.89-0.91 of copy bandwidth; Triton 118), fp8 77-81 us (Triton 130); 32 heads bf16 111-115 us,
+fp8 88-93 us (Triton 262-280: two 16-head programs, or mma.sync at 32).
+Tried and slower (same A/B): the fp8 upcast in four column chunks, each handed over by its own barrier pair so
+the logits start on the first (93 vs 80 us); the dot warpgroup upcasting half the rows (103 vs 80); the logits
+as four independent accumulators, the softmax sum kept per element until the end, the output wgmmas issued
+k-major (86-96 vs 78-80: each spills a few registers). So the one fp16 tile, upcast whole between two tiles'
+dots, stays; fp8 is 0.71 of the bf16 time (the goal is 0.6).
 
 Scope (mla_decode_config picks this kernel only there): CUDA sm_90, 16-bit query, cache of the query's dtype or
 e4m3, kv_lora_rank 512 and rope 64, at most 32 heads.
@@ -36,13 +43,27 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from atom_kernels.triton.mla_decode_hopper import _pdl_prologue, decode_rows, load_query, shared_layouts
-from atom_kernels.triton.mla_hopper_partitions import LOAD_THREADS, _issue_tile, _page_ids, _slot, _upcast, row_layout
+from atom_kernels.triton.mla_decode_hopper import (
+    decode_rows,
+    gluon_pdl_prologue,
+    load_query,
+    output_rows,
+    shared_layouts,
+    tile_buffers,
+)
+from atom_kernels.triton.mla_hopper_partitions import (
+    LOAD_THREADS,
+    issue_next,
+    page_ids,
+    ring_slot,
+    row_layout,
+    upcast_tile,
+)
 
 BLOCK_N = 64  # latent rows a tile: wgmma's M
 MAX_HEADS = 32  # heads a program (wgmma's N): 16 or 32
 RING_FP8, RING_16 = 3, 2  # ring depth: e4m3 tiles (36 KB; plus the one 72 KB fp16 tile), 16-bit tiles (72 KB)
-DOT_REGS = 232  # the dot warpgroup's registers a thread (O^T: 64 at 16 heads, 128 at 32; S^T 8 or 16)
+DOT_REGS = 240  # the dot warpgroup's registers a thread (O^T: 64 at 16 heads, 128 at 32; S^T 8 or 16)
 
 
 @gluon.jit(do_not_specialize=["num_splits", "ordered", "qsl_ptr", "seq_lens_ptr", "kv_indptr_ptr", "kv_indices_ptr",
@@ -57,23 +78,15 @@ def _mla_decode_few_heads_kernel(
 ):
     CONVERT: gl.constexpr = cache_ptr.dtype.element_ty != q_ptr.dtype.element_ty  # fp8 cache: tiles upcast
     dtype: gl.constexpr = gl.float16 if CONVERT else q_ptr.dtype.element_ty  # the dots' (mla_decode_hopper's)
-    _pdl_prologue(PDL)
+    gluon_pdl_prologue(PDL)
     hg = gl.program_id(0)
     split = gl.program_id(1)
     seq, q_start, live_heads, start, end, n_tiles = decode_rows(qsl_ptr, seq_lens_ptr, order_ptr, ordered, num_heads,
                                                                num_splits, split, BLOCK_N)
     head0 = hg * BLOCK_H
     q, q_pe, qk = load_query(q_ptr, q_start, head0, live_heads, sq_t, sq_h, qk_scale, dtype, BLOCK_H, R, ROPE)
-    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, R], q_sl, q)
-    qpe_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, ROPE], qpe_sl, q_pe)
-    ring = gl.allocate_shared_memory(cache_ptr.dtype.element_ty, [RING, BLOCK_N, R], ring_sl)
-    ring_pe = gl.allocate_shared_memory(cache_ptr.dtype.element_ty, [RING, BLOCK_N, ROPE], ring_pe_sl)
-    if CONVERT:
-        conv = gl.allocate_shared_memory(dtype, [1, BLOCK_N, R], kv_sl)
-        conv_pe = gl.allocate_shared_memory(dtype, [1, BLOCK_N, ROPE], pe_sl)
-    else:
-        conv = ring
-        conv_pe = ring_pe
+    q_smem, qpe_smem, ring, ring_pe, conv, conv_pe = tile_buffers(q, q_pe, cache_ptr, q_sl, qpe_sl, kv_sl, pe_sl,
+                                                                  ring_sl, ring_pe_sl, RING, BLOCK_N)
     pt_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_H], p_sl)
     ready = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
     free = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
@@ -82,16 +95,8 @@ def _mla_decode_few_heads_kernel(
         mbarrier.init(free.index(b), count=1)
     fence_async_shared()
 
-    out_scale = 1.0
-    if HAS_SCALE:
-        out_scale = gl.load(scale_ptr).to(gl.float32)
-        qk = qk * out_scale
-    if SPLIT:  # partials [num_seqs, heads, num_splits, R] and their lse [num_seqs, heads, num_splits]
-        out_row = (po_ptr + (seq * num_heads * num_splits + split).to(gl.int64) * R, num_splits * R)
-        lse_row = (plse_ptr + (seq * num_heads).to(gl.int64) * num_splits + split, num_splits)
-    else:
-        out_row = (out_ptr + q_start * so_t, so_h)
-        lse_row = (plse_ptr, 0)
+    qk, out_scale, out_row, lse_row = output_rows(scale_ptr, qk, out_ptr, po_ptr, plse_ptr, seq, q_start, split,
+                                                  num_heads, num_splits, so_t, so_h, R, HAS_SCALE, SPLIT)
     pages = kv_indices_ptr + gl.load(kv_indptr_ptr + seq).to(gl.int64)
     gl.warp_specialize([
         (_load_partition, (cache_ptr, pages, ring, ring_pe, conv, conv_pe, ready, free, n_tiles, start, end, s_b, s_t,
@@ -109,27 +114,19 @@ def _load_partition(cache_ptr, pages, ring, ring_pe, conv, conv_pe, ready, free,
     BLOCK_N: gl.constexpr = ring.shape[1]
     RING: gl.constexpr = ring.shape[0]
     NOT_CONVERT: gl.constexpr = not CONVERT
-    blk = _page_ids(pages, 0, start, end, BLOCK_N, BLOCK_SIZE, VEC)
-    for t in gl.static_range(RING):  # the ring's first tiles (a commit group each, empty past the last tile)
-        if t < n_tiles:
-            _issue_tile(cache_ptr, ring, ring_pe, t, blk, t, start, end, s_b, s_t, ready, NOT_CONVERT,
-                        BLOCK_SIZE, R, ROPE, VEC)
-        else:
-            cp.commit_group()
-        blk = _page_ids(pages, t + 1, start, end, BLOCK_N, BLOCK_SIZE, VEC)  # page ids one tile ahead
+    blk = page_ids(pages, 0, start, end, BLOCK_N, BLOCK_SIZE, VEC)
+    for t in gl.static_range(RING):  # the ring's first tiles
+        blk = issue_next(cache_ptr, pages, ring, ring_pe, ready, blk, t, n_tiles, start, end, s_b, s_t, NOT_CONVERT,
+                         BLOCK_SIZE, R, ROPE, VEC)
     for j in range(n_tiles):
         b = j % RING
         if CONVERT:  # tile j into the fp16 tile once the dots are done with tile j - 1; then its ring slot is free
             mbarrier.wait(free.index(0), (j & 1) ^ 1)
-            _upcast(ring, ring_pe, conv, conv_pe, b, ready, row_layout(VEC))
+            upcast_tile(ring, ring_pe, conv, conv_pe, b, ready, row_layout(VEC))
         else:  # the dots read the ring: slot b is free once they are done with tile j
             mbarrier.wait(free.index(b), (j // RING) & 1)
-        if j + RING < n_tiles:
-            _issue_tile(cache_ptr, ring, ring_pe, b, blk, j + RING, start, end, s_b, s_t, ready, NOT_CONVERT,
-                        BLOCK_SIZE, R, ROPE, VEC)
-        else:
-            cp.commit_group()
-        blk = _page_ids(pages, j + RING + 1, start, end, BLOCK_N, BLOCK_SIZE, VEC)
+        blk = issue_next(cache_ptr, pages, ring, ring_pe, ready, blk, j + RING, n_tiles, start, end, s_b, s_t,
+                         NOT_CONVERT, BLOCK_SIZE, R, ROPE, VEC)
     cp.wait_group(0)
 
 
@@ -147,7 +144,7 @@ def _dot_partition(q_smem, qpe_smem, conv, conv_pe, pt_smem, ready, free, n_tile
     acc = gl.zeros([R, BLOCK_H], gl.float32, acc_l)
     ns = gl.arange(0, BLOCK_N, gl.SliceLayout(1, acc_l))
     for j in range(n_tiles):
-        b, phase = _slot(j, NBUF)
+        b, phase = ring_slot(j, NBUF)
         mbarrier.wait(ready.index(b), phase)
         fence_async_shared()  # cp.async (generic proxy) writes, read by the wgmma (async proxy)
         kv = conv.index(b)

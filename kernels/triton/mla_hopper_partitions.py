@@ -34,20 +34,20 @@ def row_layout(vec):
 
 
 @gluon.jit
-def _slot(j, NBUF: gl.constexpr):
+def ring_slot(j, NBUF: gl.constexpr):
     """(buffer index, mbarrier phase) of tile j in an NBUF-deep ring."""
     return j % NBUF, (j // NBUF) & 1
 
 
 @gluon.jit
-def _page_ids(pages, t, start, end, BLOCK_N: gl.constexpr, BLOCK_SIZE: gl.constexpr, VEC: gl.constexpr):
+def page_ids(pages, t, start, end, BLOCK_N: gl.constexpr, BLOCK_SIZE: gl.constexpr, VEC: gl.constexpr):
     """Page ids [BLOCK_N] of tile t's rows (0 past end)."""
     n = start + t * BLOCK_N + gl.arange(0, BLOCK_N, gl.SliceLayout(1, row_layout(VEC)))
     return gl.load(pages + n // BLOCK_SIZE, mask=n < end, other=0).to(gl.int64)
 
 
 @gluon.jit
-def _issue_tile(cache_ptr, ring, ring_pe, slot, blk, t, start, end, s_b, s_t, ready, ASYNC_ARRIVE: gl.constexpr,
+def issue_tile(cache_ptr, ring, ring_pe, slot, blk, t, start, end, s_b, s_t, ready, ASYNC_ARRIVE: gl.constexpr,
                 BLOCK_SIZE: gl.constexpr, R: gl.constexpr, ROPE: gl.constexpr, VEC: gl.constexpr):
     """cp.async tile t's latent rows (pages blk) into ring slot `slot` (rows past end zero-filled); one commit
     group. ASYNC_ARRIVE: each thread's copies arrive on ready[slot] when they land."""
@@ -66,6 +66,20 @@ def _issue_tile(cache_ptr, ring, ring_pe, slot, blk, t, start, end, s_b, s_t, re
 
 
 @gluon.jit
+def issue_next(cache_ptr, pages, ring, ring_pe, ready, blk, t, n_tiles, start, end, s_b, s_t,
+               ASYNC_ARRIVE: gl.constexpr, BLOCK_SIZE: gl.constexpr, R: gl.constexpr, ROPE: gl.constexpr,
+               VEC: gl.constexpr):
+    """issue_tile for tile t (pages blk) into ring slot t % RING, or an empty commit group past the last tile (so
+    that group counts stay per tile); returns the page ids of tile t + 1 (page ids one tile ahead)."""
+    if t < n_tiles:
+        issue_tile(cache_ptr, ring, ring_pe, t % ring.shape[0], blk, t, start, end, s_b, s_t, ready, ASYNC_ARRIVE,
+                   BLOCK_SIZE, R, ROPE, VEC)
+    else:
+        cp.commit_group()
+    return page_ids(pages, t + 1, start, end, ring.shape[1], BLOCK_SIZE, VEC)
+
+
+@gluon.jit
 def softmax_partition(q_smem, qpe_smem, conv, conv_pe, p_smem, a_smem, ready, free, p_full, p_free, n_tiles, start,
                       end, qk, out_scale, out_row, lse_row, num_heads, head0,
                       BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, R: gl.constexpr, SPLIT: gl.constexpr):
@@ -81,7 +95,7 @@ def softmax_partition(q_smem, qpe_smem, conv, conv_pe, p_smem, a_smem, ready, fr
     acc = gl.zeros([BLOCK_H, HALF], gl.float32, o_l)
     ns = gl.arange(0, BLOCK_N, gl.SliceLayout(0, s_l))
     for j in range(n_tiles):
-        b, phase = _slot(j, NBUF)
+        b, phase = ring_slot(j, NBUF)
         mbarrier.wait(ready.index(b), phase)
         fence_async_shared()  # cp.async (generic proxy) writes, read by the wgmma (async proxy)
         kv = conv.index(b)
@@ -141,38 +155,30 @@ def load_partition(cache_ptr, pages, ring, ring_pe, conv, conv_pe, p_smem, a_sme
     ld: gl.constexpr = row_layout(VEC)
     o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HALF, 16])
     NOT_CONVERT: gl.constexpr = not CONVERT
-    blk = _page_ids(pages, 0, start, end, BLOCK_N, BLOCK_SIZE, VEC)
+    blk = page_ids(pages, 0, start, end, BLOCK_N, BLOCK_SIZE, VEC)
     RING: gl.constexpr = ring.shape[0]
-    for t in gl.static_range(RING):  # the ring's first tiles (a commit group each, empty past the last tile)
-        if t < n_tiles:
-            _issue_tile(cache_ptr, ring, ring_pe, t, blk, t, start, end, s_b, s_t, ready, NOT_CONVERT,
-                        BLOCK_SIZE, R, ROPE, VEC)
-        else:
-            cp.commit_group()
-        blk = _page_ids(pages, t + 1, start, end, BLOCK_N, BLOCK_SIZE, VEC)  # page ids one tile ahead
+    for t in gl.static_range(RING):  # the ring's first tiles
+        blk = issue_next(cache_ptr, pages, ring, ring_pe, ready, blk, t, n_tiles, start, end, s_b, s_t, NOT_CONVERT,
+                         BLOCK_SIZE, R, ROPE, VEC)
     if CONVERT:
         if n_tiles > 0:
-            _upcast(ring, ring_pe, conv, conv_pe, 0, ready, ld)
+            upcast_tile(ring, ring_pe, conv, conv_pe, 0, ready, ld)
     acc = gl.zeros([BLOCK_H, HALF], gl.float32, o_l)
     for j in range(n_tiles):
         mbarrier.wait(p_full, j & 1)
         fence_async_shared()
-        b, phase = _slot(j, conv.shape[0])  # conv: the ring itself, or for fp8 caches the one converted tile
+        b, phase = ring_slot(j, conv.shape[0])  # conv: the ring itself, or for fp8 caches the one converted tile
         acc = acc * a_smem.load(gl.SliceLayout(1, o_l))[:, None]
         acc = warpgroup_mma(p_smem, conv.index(b).slice(HALF, HALF, dim=1), acc)
         mbarrier.wait(free.index(b), phase)  # the softmax warpgroup is done with tile j too
         gl.thread_barrier()
         mbarrier.arrive(p_free)
-        # ring slot j % RING is free: tile j + RING goes there (an empty commit group past the last tile)
-        if j + RING < n_tiles:
-            _issue_tile(cache_ptr, ring, ring_pe, j % RING, blk, j + RING, start, end, s_b, s_t, ready, NOT_CONVERT,
-                        BLOCK_SIZE, R, ROPE, VEC)
-        else:
-            cp.commit_group()
-        blk = _page_ids(pages, j + RING + 1, start, end, BLOCK_N, BLOCK_SIZE, VEC)
+        # ring slot j % RING is free: tile j + RING goes there
+        blk = issue_next(cache_ptr, pages, ring, ring_pe, ready, blk, j + RING, n_tiles, start, end, s_b, s_t,
+                         NOT_CONVERT, BLOCK_SIZE, R, ROPE, VEC)
         if CONVERT:
             if j + 1 < n_tiles:
-                _upcast(ring, ring_pe, conv, conv_pe, (j + 1) % RING, ready, ld)
+                upcast_tile(ring, ring_pe, conv, conv_pe, (j + 1) % RING, ready, ld)
     mbarrier.wait(p_full, n_tiles & 1)  # the final scale
     o = acc * a_smem.load(gl.SliceLayout(1, o_l))[:, None]
     h = head0 + gl.arange(0, BLOCK_H, gl.SliceLayout(1, o_l))
@@ -182,7 +188,7 @@ def load_partition(cache_ptr, pages, ring, ring_pe, conv, conv_pe, p_smem, a_sme
 
 
 @gluon.jit
-def _upcast(ring, ring_pe, conv, conv_pe, slot, ready, ld: gl.constexpr):
+def upcast_tile(ring, ring_pe, conv, conv_pe, slot, ready, ld: gl.constexpr):
     """fp8 caches: the e4m3 tile in ring slot `slot` (the oldest of two commit groups in flight) into the converted
     buffer; each thread upcasts what it copied (its own cp.asyncs: no barrier before), then ready[0]."""
     cp.wait_group(ring.shape[0] - 1)

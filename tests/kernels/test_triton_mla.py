@@ -249,11 +249,11 @@ def test_hopper_kernel_is_picked_where_it_fits():
         fits = wgmma_fits(q, cache, r, q.new_empty(32, heads, r))
         return mla_decode_config(32, heads, 4096, dev, dtype, cache_dtype, fits)
 
-    assert picked(128, BF16, BF16)["wgmma"]
-    assert picked(128, F16, F16)["wgmma"]
-    assert not picked(16, BF16, BF16)["wgmma"]  # 16 heads a program: the Triton kernel
-    assert picked(128, BF16, FP8)["wgmma"]
-    assert not picked(128, F32, F32)["wgmma"]
+    for heads in (8, 16, 32, 64, 128):  # mla_hopper_few_heads up to 32 heads, mla_decode_hopper above
+        assert picked(heads, BF16, BF16)["wgmma"]
+        assert picked(heads, F16, F16)["wgmma"]
+        assert picked(heads, BF16, FP8)["wgmma"]
+        assert not picked(heads, F32, F32)["wgmma"]
     # a latent the wgmma kernel does not take: the Triton kernel, split for its two programs an SM
     other = picked(128, BF16, BF16, r=256)
     assert not other["wgmma"]
