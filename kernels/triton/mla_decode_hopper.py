@@ -110,22 +110,30 @@ def load_query(q_ptr, q_start, head0, live_heads, sq_t, sq_h, qk_scale, dtype: g
 def tile_buffers(q, q_pe, cache_ptr, q_sl: gl.constexpr, qpe_sl: gl.constexpr, kv_sl: gl.constexpr,
                  pe_sl: gl.constexpr, ring_sl: gl.constexpr, ring_pe_sl: gl.constexpr, RING: gl.constexpr,
                  BLOCK_N: gl.constexpr):
-    """Shared memory: the query (in the dots' dtype), the ring of RING latent tiles (the cache's dtype) and the
-    tiles the dots read: for an fp8 cache one tile in the dots' dtype (the upcasts' target), else the ring."""
+    """Shared memory: the query (in the dots' dtype), the ring of RING latent tiles (the cache's dtype), the
+    tiles the dots read (for an fp8 cache one tile in the dots' dtype, the upcasts' target, else the ring), and the
+    ring's barriers ready / free (mla_hopper_partitions' words; ready counts each load thread's cp.async arrival
+    for 16-bit caches, one upcast arrival for fp8), initialised (the caller fences after its own)."""
     BLOCK_H: gl.constexpr = q.shape[0]
     R: gl.constexpr = q.shape[1]
     ROPE: gl.constexpr = q_pe.shape[1]
+    CONVERT: gl.constexpr = cache_ptr.dtype.element_ty != q.dtype
     q_smem = gl.allocate_shared_memory(q.dtype, [BLOCK_H, R], q_sl, q)
     qpe_smem = gl.allocate_shared_memory(q.dtype, [BLOCK_H, ROPE], qpe_sl, q_pe)
     ring = gl.allocate_shared_memory(cache_ptr.dtype.element_ty, [RING, BLOCK_N, R], ring_sl)
     ring_pe = gl.allocate_shared_memory(cache_ptr.dtype.element_ty, [RING, BLOCK_N, ROPE], ring_pe_sl)
-    if cache_ptr.dtype.element_ty != q.dtype:
+    if CONVERT:
         conv = gl.allocate_shared_memory(q.dtype, [1, BLOCK_N, R], kv_sl)
         conv_pe = gl.allocate_shared_memory(q.dtype, [1, BLOCK_N, ROPE], pe_sl)
     else:
         conv = ring
         conv_pe = ring_pe
-    return q_smem, qpe_smem, ring, ring_pe, conv, conv_pe
+    ready = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
+    free = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
+    for b in gl.static_range(RING):
+        mbarrier.init(ready.index(b), count=1 if CONVERT else LOAD_THREADS)
+        mbarrier.init(free.index(b), count=1)
+    return q_smem, qpe_smem, ring, ring_pe, conv, conv_pe, ready, free
 
 
 @gluon.jit
@@ -168,17 +176,12 @@ def _mla_decode_wgmma_kernel(
                                                                num_splits, split, BLOCK_N)
     head0 = hg * BLOCK_H
     q, q_pe, qk = load_query(q_ptr, q_start, head0, live_heads, sq_t, sq_h, qk_scale, dtype, BLOCK_H, R, ROPE)
-    q_smem, qpe_smem, ring, ring_pe, conv, conv_pe = tile_buffers(q, q_pe, cache_ptr, q_sl, qpe_sl, kv_sl, pe_sl,
-                                                                  ring_sl, ring_pe_sl, RING, BLOCK_N)
+    q_smem, qpe_smem, ring, ring_pe, conv, conv_pe, ready, free = tile_buffers(
+        q, q_pe, cache_ptr, q_sl, qpe_sl, kv_sl, pe_sl, ring_sl, ring_pe_sl, RING, BLOCK_N)
     p_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, BLOCK_N], p_sl)
     a_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-    ready = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
-    free = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
     p_full = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     p_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    for b in gl.static_range(RING):
-        mbarrier.init(ready.index(b), count=1 if CONVERT else LOAD_THREADS)
-        mbarrier.init(free.index(b), count=1)
     mbarrier.init(p_full, count=1)
     mbarrier.init(p_free, count=1)
     fence_async_shared()
@@ -221,16 +224,23 @@ def launch_mla_decode_wgmma(query, cache, kv_indptr, kv_indices, seq_lens, query
                             cache_scale, out, po, plse, num_splits, ordered: tuple, launch: dict) -> None:
     """The decode kernel over one-token sequences; the caller merges splits (mla_decode.launch_mla_decode) and
     passes the launch order (order_ptr, flag) and its launch keywords (_utils.pdl, asked once a call)."""
+    launch_gluon_decode(_mla_decode_wgmma_kernel, BLOCK_H, [BLOCK_H, BLOCK_N], RING, query, cache, kv_indptr,
+                        kv_indices, seq_lens, query_start_loc, qk_scale, kv_lora_rank, cache_scale, out, po, plse,
+                        num_splits, ordered, dict(launch, SOFTMAX_REGS=SOFTMAX_REGS, num_warps=WARPS))
+
+
+def launch_gluon_decode(kernel, block_h: int, p_shape: list, ring: int, query, cache, kv_indptr, kv_indices,
+                        seq_lens, query_start_loc, qk_scale, kv_lora_rank, cache_scale, out, po, plse, num_splits,
+                        ordered: tuple, launch: dict) -> None:
+    """Launch one of the Gluon decode kernels (their common arguments) with block_h heads a program, P's shared
+    shape p_shape, a ring of `ring` tiles of BLOCK_N rows, and launch: the kernel's own keywords too."""
     _, heads, width = query.shape
-    grid = (-(-heads // BLOCK_H), num_splits, seq_lens.shape[0])
     scaled = cache_scale is not None
-    _mla_decode_wgmma_kernel[grid](
+    kernel[(-(-heads // block_h), num_splits, seq_lens.shape[0])](
         query, cache, kv_indptr, kv_indices, seq_lens, query_start_loc, ordered[0], cache_scale if scaled else query,
         out, po, plse, qk_scale, num_splits, ordered[1], heads, query.stride(0), query.stride(1), out.stride(0),
         out.stride(1), cache.stride(0), cache.stride(1),
-        **shared_layouts(query.dtype, cache.dtype, kv_lora_rank, width - kv_lora_rank, BLOCK_H, BLOCK_N,
-                         [BLOCK_H, BLOCK_N]),
-        BLOCK_SIZE=cache.shape[1], BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, RING=RING, R=kv_lora_rank,
-        ROPE=width - kv_lora_rank,
-        HAS_SCALE=scaled, SPLIT=num_splits > 1, SOFTMAX_REGS=SOFTMAX_REGS, num_warps=WARPS, **launch,
+        **shared_layouts(query.dtype, cache.dtype, kv_lora_rank, width - kv_lora_rank, block_h, BLOCK_N, p_shape),
+        BLOCK_SIZE=cache.shape[1], BLOCK_H=block_h, BLOCK_N=BLOCK_N, RING=ring, R=kv_lora_rank,
+        ROPE=width - kv_lora_rank, HAS_SCALE=scaled, SPLIT=num_splits > 1, **launch,
     )

@@ -46,13 +46,12 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from atom_kernels.triton.mla_decode_hopper import (
     decode_rows,
     gluon_pdl_prologue,
+    launch_gluon_decode,
     load_query,
     output_rows,
-    shared_layouts,
     tile_buffers,
 )
 from atom_kernels.triton.mla_hopper_partitions import (
-    LOAD_THREADS,
     issue_next,
     page_ids,
     ring_slot,
@@ -85,14 +84,9 @@ def _mla_decode_few_heads_kernel(
                                                                num_splits, split, BLOCK_N)
     head0 = hg * BLOCK_H
     q, q_pe, qk = load_query(q_ptr, q_start, head0, live_heads, sq_t, sq_h, qk_scale, dtype, BLOCK_H, R, ROPE)
-    q_smem, qpe_smem, ring, ring_pe, conv, conv_pe = tile_buffers(q, q_pe, cache_ptr, q_sl, qpe_sl, kv_sl, pe_sl,
-                                                                  ring_sl, ring_pe_sl, RING, BLOCK_N)
+    q_smem, qpe_smem, ring, ring_pe, conv, conv_pe, ready, free = tile_buffers(
+        q, q_pe, cache_ptr, q_sl, qpe_sl, kv_sl, pe_sl, ring_sl, ring_pe_sl, RING, BLOCK_N)
     pt_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_H], p_sl)
-    ready = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
-    free = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
-    for b in gl.static_range(RING):
-        mbarrier.init(ready.index(b), count=1 if CONVERT else LOAD_THREADS)
-        mbarrier.init(free.index(b), count=1)
     fence_async_shared()
 
     qk, out_scale, out_row, lse_row = output_rows(scale_ptr, qk, out_ptr, po_ptr, plse_ptr, seq, q_start, split,
@@ -179,17 +173,8 @@ def launch_mla_decode_few_heads(query, cache, kv_indptr, kv_indices, seq_lens, q
                                 kv_lora_rank, cache_scale, out, po, plse, num_splits, ordered: tuple,
                                 launch: dict) -> None:
     """As mla_decode_hopper.launch_mla_decode_wgmma (same arguments and contract), for at most MAX_HEADS heads."""
-    _, heads, width = query.shape
-    block_h = 16 if heads <= 16 else MAX_HEADS
-    fp8 = cache.dtype.itemsize == 1
-    scaled = cache_scale is not None
-    _mla_decode_few_heads_kernel[(-(-heads // block_h), num_splits, seq_lens.shape[0])](
-        query, cache, kv_indptr, kv_indices, seq_lens, query_start_loc, ordered[0], cache_scale if scaled else query,
-        out, po, plse, qk_scale, num_splits, ordered[1], heads, query.stride(0), query.stride(1), out.stride(0),
-        out.stride(1), cache.stride(0), cache.stride(1),
-        **shared_layouts(query.dtype, cache.dtype, kv_lora_rank, width - kv_lora_rank, block_h, BLOCK_N,
-                         [BLOCK_N, block_h]),
-        BLOCK_SIZE=cache.shape[1], BLOCK_H=block_h, BLOCK_N=BLOCK_N, RING=RING_FP8 if fp8 else RING_16,
-        R=kv_lora_rank, ROPE=width - kv_lora_rank, HAS_SCALE=scaled, SPLIT=num_splits > 1, DOT_REGS=DOT_REGS,
-        num_warps=4, **launch,
-    )
+    block_h = 16 if query.shape[1] <= 16 else MAX_HEADS
+    ring = RING_FP8 if cache.dtype.itemsize == 1 else RING_16
+    launch_gluon_decode(_mla_decode_few_heads_kernel, block_h, [BLOCK_N, block_h], ring, query, cache, kv_indptr,
+                        kv_indices, seq_lens, query_start_loc, qk_scale, kv_lora_rank, cache_scale, out, po, plse,
+                        num_splits, ordered, dict(launch, DOT_REGS=DOT_REGS, num_warps=4))
