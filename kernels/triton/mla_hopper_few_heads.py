@@ -24,17 +24,17 @@ fp8 88-93 us (Triton 262-280: two 16-head programs, or mma.sync at 32).
 Where the fp8 time goes (H100, 128 x 2048, 16 heads, scratch variants timed with stages cut out, same run): the
 kernel takes 77 us; with no global loads at all (upcast and dots on whatever is in shared memory) still 78 us, so
 the loads are hidden and the on-chip chain, upcast then dots, is the time. The dots alone are 8-9 us; the loads
-alone (a cp.async ring, no upcast, no dots) 59-60 us, the same with 54, 108 or 126 KB of ring. The upcast looks bound
-by shared memory, not by its instructions: the same upcast by integer ops (PRMT/SHL/AND, no F2FP) took the same
-time, split over two warpgroups longer (83 us), and stored unswizzled much longer. Tried and slower or no better:
+alone (a cp.async ring, no upcast, no dots) 59-60 us, the same with 54, 108 or 126 KB of ring. The upcast is not
+bound by its conversions: by integer ops (PRMT/SHL/AND, no F2FP) it took the same time, split over two warpgroups
+longer (83 us), stored unswizzled (bank conflicts) much longer. Tried and slower or no better:
 the upcast in four column chunks with their own barrier pairs (93 vs 80 us); the dot warpgroup upcasting half the
 rows (103); the logits as four accumulators, the softmax sum kept per element, k-major output wgmmas (86-96, small
 spills); two dot warpgroups on alternate tiles with two fp16 tiles and a ring of 32-row e4m3 sub-tiles (78-82,
 the same: the dots were never the limit); warps reading whole 128-byte lines (89); e4m3 tiles loaded into
-registers by two warpgroups instead of a cp.async ring (89). So fp8 stays at 0.71 of the bf16 time (goal 0.6);
-what would lower it is fewer shared-memory bytes a tile: logits by e4m3 wgmmas straight from the ring (an e4m3
-query; the latent rows are K-major as stored), leaving only the latent's upcast for the output, or FlashMLA's fp8
-path (V transposed in shared memory, P in e4m3) - both a precision change to state and test.
+registers by two warpgroups instead of a cp.async ring (89); the logits by e4m3 wgmmas straight from the ring
+(an e4m3 query, one scale a head; only the latent upcast: 96-100 us, and 10x the error). So fp8 stays at 0.71 of
+the bf16 time (goal 0.6). Untried: FlashMLA's fp8 path (both dots in e4m3, V transposed in shared memory, P in
+e4m3), which also serves 128 heads, where the kernel is compute-bound - a precision change to state and test.
 
 Scope (mla_decode_config picks this kernel only there): CUDA sm_90, 16-bit query, cache of the query's dtype or
 e4m3, kv_lora_rank 512 and rope 64, at most 32 heads.
