@@ -127,21 +127,42 @@ def softmax_partition(q_smem, qpe_smem, conv, conv_pe, p_smem, a_smem, ready, fr
     gl.thread_barrier()
     mbarrier.arrive(p_full)
     o = acc * gl.convert_layout(inv, gl.SliceLayout(1, o_l))[:, None]
-    h = head0 + gl.arange(0, BLOCK_H, gl.SliceLayout(1, o_l))
-    c = gl.arange(0, HALF, gl.SliceLayout(0, o_l))
-    _store_half(o, out_row, h, c, num_heads)
+    store_part(o, q_smem, out_row, head0, 0, num_heads)  # the query's tile: read only by this warpgroup's dots
     if SPLIT:
         hs = head0 + gl.arange(0, BLOCK_H, gl.SliceLayout(1, s_l))
         lse = gl.where(den > 0, m + gl.log2(den), float("-inf"))
         gl.store(lse_row[0] + hs * lse_row[1], lse, mask=hs < num_heads)
 
 
+@gluon.constexpr_function
+def staging_layout(shape, dtype):
+    """The shared layout a 16-bit output part is staged in (wgmma's swizzled one: few bank conflicts either way)."""
+    return gl.NVMMASharedLayout.get_default_for(shape, dtype)
+
+
 @gluon.jit
-def _store_half(o, out_row, h, c, num_heads):
-    """o [BLOCK_H, HALF] to out_row[0] + head * out_row[1] + column (the output's row of the token, or the split's
-    partials)."""
-    gl.store(out_row[0] + h[:, None].to(gl.int64) * out_row[1] + c[None, :], o.to(out_row[0].dtype.element_ty),
-             mask=(h < num_heads)[:, None])
+def store_part(o, buf, out_row, head0, c0, num_heads):
+    """o [BLOCK_H, W] (fp32, the wgmma accumulator) to out_row[0] + head * out_row[1] + c0 + column: the output's
+    row of the token, or the split's partials. A warp's store in the accumulator layout covers 8 bytes of 4 threads
+    in each of 8 rows: whole 32-byte sectors for fp32 partials, half sectors for a 16-bit output. Those half-sector
+    writes took ~8 us a 64-head program at the kernel's end (H100, 128 heads), so a 16-bit output is staged through
+    buf, a shared tile this warpgroup alone uses now (>= the part's bytes), and read back in 16-byte row chunks
+    (whole 128-byte lines a warp). Staging fp32 partials the same way was slower (142 -> 152 us, 16 x 16384)."""
+    BLOCK_H: gl.constexpr = o.shape[0]
+    W: gl.constexpr = o.shape[1]
+    dt: gl.constexpr = out_row[0].dtype.element_ty
+    if dt.primitive_bitwidth == 32:
+        ld: gl.constexpr = o.type.layout
+        x = o
+    else:
+        stage = buf._reinterpret(dt, [BLOCK_H, W], staging_layout([BLOCK_H, W], dt))
+        stage.store(o.to(dt))
+        gl.thread_barrier()
+        ld: gl.constexpr = row_layout(8)
+        x = stage.load(ld)
+    h = head0 + gl.arange(0, BLOCK_H, gl.SliceLayout(1, ld))
+    c = c0 + gl.arange(0, W, gl.SliceLayout(0, ld))
+    gl.store(out_row[0] + h[:, None].to(gl.int64) * out_row[1] + c[None, :], x.to(dt), mask=(h < num_heads)[:, None])
 
 
 @gluon.jit
@@ -181,10 +202,9 @@ def load_partition(cache_ptr, pages, ring, ring_pe, conv, conv_pe, p_smem, a_sme
                 upcast_tile(ring, ring_pe, conv, conv_pe, (j + 1) % RING, ready, ld)
     mbarrier.wait(p_full, n_tiles & 1)  # the final scale
     o = acc * a_smem.load(gl.SliceLayout(1, o_l))[:, None]
-    h = head0 + gl.arange(0, BLOCK_H, gl.SliceLayout(1, o_l))
-    c = HALF + gl.arange(0, HALF, gl.SliceLayout(0, o_l))
-    _store_half(o, out_row, h, c, num_heads)
-    cp.wait_group(0)
+    cp.wait_group(0)  # (only empty groups are left)
+    # both warpgroups' wgmmas are done with every tile (the softmax warpgroup arrived the final p_full after them)
+    store_part(o, conv.index(0), out_row, head0, HALF, num_heads)
 
 
 @gluon.jit
