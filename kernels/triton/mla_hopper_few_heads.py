@@ -65,6 +65,7 @@ from atom_kernels.triton.mla_hopper_partitions import (
     page_ids,
     ring_slot,
     row_layout,
+    store_part,
     upcast_tile,
 )
 
@@ -168,12 +169,10 @@ def _dot_partition(q_smem, qpe_smem, conv, conv_pe, pt_smem, ready, free, n_tile
         gl.thread_barrier()  # every warp's part of the wgmma done before the tile is handed back
         mbarrier.arrive(free.index(b))
     inv = gl.where(den > 0, out_scale / gl.where(den > 0, den, 1.0), 0.0)
-    o = acc * inv[None, :]
-    h = head0 + gl.arange(0, BLOCK_H, col)
-    c = gl.arange(0, R, gl.SliceLayout(1, acc_l))
-    gl.store(out_row[0] + h[None, :].to(gl.int64) * out_row[1] + c[:, None], o.to(out_row[0].dtype.element_ty),
-             mask=(h < num_heads)[None, :])
+    # O (O^T transposed in registers: no data moves); the query's tile is dead now, only this warpgroup read it
+    store_part(gl.permute(acc * inv[None, :], (1, 0)), q_smem, out_row, head0, 0, num_heads)
     if SPLIT:
+        h = head0 + gl.arange(0, BLOCK_H, col)
         lse = gl.where(den > 0, m + gl.log2(den), float("-inf"))
         gl.store(lse_row[0] + h * lse_row[1], lse, mask=h < num_heads)
 
