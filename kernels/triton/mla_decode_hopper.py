@@ -14,7 +14,7 @@ So the right half's wgmma of tile j runs while the softmax warpgroup computes th
 tensor cores are not idle during the softmax, as they were when both warpgroups took every phase in lock step
 (this kernel's previous form). The logit dot is one N = 64 wgmma on one warpgroup instead of two N = 32 halves,
 so each step reads less shared memory for the same flops. H100, 128 heads, bf16 latent (benchmarks/mla_decode.py):
-137-145 us for 302 MB, 0.69-0.73 of copy bandwidth, 500-535 TFLOP/s (the lock-step form: 194-208 us; 143-163 before
+135-145 us for 302 MB, 0.69-0.73 of copy bandwidth, 500-542 TFLOP/s (the lock-step form: 194-208 us; 143-163 before
 the 16-bit output was staged through shared memory, mla_hopper_partitions.store_part). What is left: a no-load
 variant (the ring refilled with stale tiles) took 125-134 us, so the loads show for ~10 us; the rest is the chain.
 Tried on the H100 and slower (scratch A/B, same run): issuing tile j + 1's logits before tile j's softmax

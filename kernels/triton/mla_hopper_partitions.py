@@ -142,12 +142,13 @@ def staging_layout(shape, dtype):
 
 @gluon.jit
 def store_part(o, buf, out_row, head0, c0, num_heads):
-    """o [BLOCK_H, W] (fp32, the wgmma accumulator) to out_row[0] + head * out_row[1] + c0 + column: the output's
-    row of the token, or the split's partials. A warp's store in the accumulator layout covers 8 bytes of 4 threads
-    in each of 8 rows: whole 32-byte sectors for fp32 partials, half sectors for a 16-bit output. Those half-sector
-    writes took ~8 us a 64-head program at the kernel's end (H100, 128 heads), so a 16-bit output is staged through
-    buf, a shared tile this warpgroup alone uses now (>= the part's bytes), and read back in 16-byte row chunks
-    (whole 128-byte lines a warp). Staging fp32 partials the same way was slower (142 -> 152 us, 16 x 16384)."""
+    """o [BLOCK_H, W] (fp32: a wgmma accumulator, or one transposed in registers) to out_row[0] + head * out_row[1]
+    + c0 + column: the output's row of the token, or the split's partials. A warp's store in the accumulator layout
+    covers 8 bytes of 4 threads in each of 8 rows: whole 32-byte sectors for fp32 partials, half sectors for a 16-bit
+    output. Those half-sector writes took ~8 us a 64-head program at the kernel's end (H100, 128 heads), so a 16-bit
+    output is staged through buf, a shared tile this warpgroup alone uses now (>= the part's bytes), and read back in
+    16-byte row chunks (whole 128-byte lines a warp). Staging fp32 partials the same way was slower (142 -> 152 us,
+    16 x 16384)."""
     BLOCK_H: gl.constexpr = o.shape[0]
     W: gl.constexpr = o.shape[1]
     dt: gl.constexpr = out_row[0].dtype.element_ty
