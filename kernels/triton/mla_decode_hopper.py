@@ -22,9 +22,10 @@ Tried on the H100 and slower (scratch A/B, same run): issuing tile j + 1's logit
 wgmma (164 vs 152 us: the right half and the next load come later); 32-row tiles in a 3- or 4-tile ring (176 vs
 152 us). The ring holds two 64-row tiles because the query takes 72 KB next to them. Also slower (2026-11-24):
 FlashMLA's seesaw (two math warpgroups on alternate tiles trading P and the row max, a third loading, q_pe in
-registers): 163-172 vs 137-145 us. With two slots a tile's slot frees only at its pair's end, so the next load shows
-(220 us with a barrier a tile; a barrier per 64-column chunk hides it but costs ~80 cycles a wait, here too: 8 chunks
-157 vs 137 us), and a clock trace showed the two softmaxes in series (~1,300 cycles a 64 x 64 tile each).
+registers): 163-172 vs 137-145 us; each softmax against the last pair's max, the maxes traded: 202-214 us. With two
+slots a tile's slot frees only at its pair's end, so the next load shows (220 us with a barrier a tile; a barrier per
+64-column chunk hides it but costs ~80 cycles a wait, here too: 8 chunks 157 vs 137 us), and a clock trace showed the
+two softmaxes in series (~1,300 cycles a 64 x 64 tile each).
 
 The partitions and their barriers: mla_hopper_partitions.
 
