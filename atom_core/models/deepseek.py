@@ -4,6 +4,7 @@ shared experts) after the first `first_k_dense_replace` dense layers.
 Routers are data (moe_router.router_config): V2 softmax + greedy / group_limited_greedy, V3 sigmoid + noaux_tc
 with its correction bias. Multi-token-prediction (MTP) layers, which DeepSeek-V3 checkpoints store as
 `model.layers.{num_hidden_layers + i}.*`, are skipped when loading: they only serve speculative decoding.
+n_shared_experts 0 (or None) means no shared experts.
 """
 
 from __future__ import annotations
@@ -48,7 +49,9 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
             layer = _LAYER.match(name)
             return layer is None or int(layer[1]) < num_layers
 
-        return super().load_weights((name, t) for name, t in weights if main_model(name))
+        # Empty tensors carry no weights: with n_shared_experts=0, transformers (and DeepSeek's own code) build
+        # 0-wide shared experts and save their empty weights, where we build none.
+        return super().load_weights((name, t) for name, t in weights if main_model(name) and t.numel())
 
 
 class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):

@@ -3,7 +3,8 @@ checkpoints.
 
 Checkpoints (build_checkpoint's tiny V2 / V3, 2 layers: dense, then MoE + a shared expert): V2 without q-LoRA,
 softmax `greedy` and `group_limited_greedy` routing; V3 with q-LoRA, sigmoid `noaux_tc` (random correction bias)
-and yarn rope (mscale != mscale_all_dim); V3 with the real 512 + 64 latent; V3 with rope_interleave off.
+and yarn rope (mscale != mscale_all_dim); V3 with the real 512 + 64 latent; V3 with rope_interleave off; V3
+without shared experts.
 test_parity.py's scenarios run on V2 and V3 (batched prompts of different lengths, prefix-cache hits, chunked
 prefill, preemption). The canary: with the latent-cache write, MLA attention, rotary or the experts broken on
 purpose, the parity fails; so does it with the interleaved rope or the yarn softmax-scale correction left out.
@@ -24,6 +25,8 @@ CHECKPOINTS = {
     "v3-qlora-noaux-yarn": (V3, {}),
     "v3-latent-512+64": (V3, dict(kv_lora_rank=512, qk_rope_head_dim=64)),
     "v3-rope-not-interleaved": (V3, dict(rope_interleave=False)),
+    # n_shared_experts=0: transformers builds 0-wide shared experts and saves their empty weights
+    "v3-no-shared-experts": (V3, dict(n_shared_experts=0)),
 }
 SCENARIOS = {f.__name__: f for f in (scenarios.prefix_cache, scenarios.chunked_prefill, scenarios.preemption)}
 CANARY = {**MLA_BREAKS, **MOE_BREAKS, "rotary": None}
