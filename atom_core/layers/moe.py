@@ -80,12 +80,17 @@ class FusedExperts(nn.Module):
 
 
 class Router(nn.Module):
-    """weight [E, H] (replicated on every rank), e_score_correction_bias [E] float32 for noaux_tc."""
+    """weight [E, H] (replicated on every rank; float32 for DeepSeek), e_score_correction_bias [E] float32 for
+    noaux_tc."""
 
     def __init__(self, hidden_size: int, config: RouterConfig) -> None:
         super().__init__()
         self.config = config
-        self.weight = nn.Parameter(torch.empty(config.num_experts, hidden_size), requires_grad=False)
+        # DeepSeek (float32_gemm) routes with a float32 weight whatever the model dtype, as transformers keeps it
+        # (_keep_in_fp32_modules_strict): a copy in bf16 would move the logits, and with them the expert choices
+        # and weights, away from those of the checkpoint's weight.
+        dtype = torch.float32 if config.float32_gemm else None
+        self.weight = nn.Parameter(torch.empty(config.num_experts, hidden_size, dtype=dtype), requires_grad=False)
         if config.has_correction_bias:
             # float32 whatever the model dtype, as transformers keeps it (_keep_in_fp32_modules_strict)
             self.e_score_correction_bias = nn.Parameter(torch.empty(config.num_experts, dtype=torch.float32),

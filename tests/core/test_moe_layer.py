@@ -162,6 +162,29 @@ def test_deepseek_router_features_matter(name):
         assert not torch.equal(chosen, route(x, weight, rc, torch.zeros_like(bias))[1].sort(-1)[0])
 
 
+@pytest.mark.parametrize("name", ["v2-group-limited", "v3-noaux-norm"])
+def test_deepseek_router_weight_stays_float32_in_a_bf16_model(name):
+    """transformers keeps DeepSeek's router weight in float32 in a bfloat16 model (_keep_in_fp32_modules_strict)
+    and routes with it: a layer built in bfloat16 (as the loader builds it) must route bitwise as transformers
+    does, not from a bf16-rounded copy of the checkpoint's weight."""
+    arch, overrides = DEEPSEEK[name]
+    cfg, block = _deepseek_block(arch, seed=2, **overrides)
+    x = _inputs(seed=3).bfloat16()
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with NATIVE.scope():
+            ours = MoE(HIDDEN, INTER, router_config(cfg), cfg.hidden_act)
+    finally:
+        torch.set_default_dtype(default)
+    _load(ours, [(n, t) for n, t in _hf_weights(block) if not n.startswith("shared_experts.")])
+    with torch.no_grad():
+        _, want_weights, want_ids = block.gate(x)
+    got_weights, got_ids = ours.gate(x)
+    assert torch.equal(got_ids, want_ids)
+    assert torch.equal(got_weights, want_weights)
+
+
 def test_per_expert_checkpoint_names_load():
     """transformers' save_pretrained names (experts.{i}.gate_proj.weight ...) into the stacked parameters."""
     cfg, block = _qwen3_block(seed=4, **QWEN3["top3-raw"])
