@@ -31,6 +31,17 @@ CASES = {
     # q-LoRA, noaux_tc routing, yarn rope; a 24 + 8 latent and the real 512 + 64
     "deepseek-v3": ("DeepseekV3ForCausalLM", {}),
     "deepseek-v3-latent-512+64": ("DeepseekV3ForCausalLM", dict(kv_lora_rank=512, qk_rope_head_dim=64)),
+    # V2 (no q-LoRA, group_limited_greedy) with shapes no other case has: 3 heads, a 20 + 16 latent, v_head_dim 24
+    # != qk_nope_head_dim 16 (hidden 48: transformers wants it a multiple of the heads)
+    "deepseek-v2-odd-shapes": ("DeepseekV2ForCausalLM", dict(hidden_size=48, num_attention_heads=3,
+                                                             num_key_value_heads=3,
+                                                             kv_lora_rank=20, qk_rope_head_dim=16, v_head_dim=24,
+                                                             topk_method="group_limited_greedy", n_group=4,
+                                                             topk_group=2)),
+    # 128 heads on the real latent (in bf16, test_bf16_...: the many-heads Hopper kernel, mla_decode_hopper)
+    "deepseek-v3-128-heads-512+64": ("DeepseekV3ForCausalLM", dict(hidden_size=128, num_attention_heads=128,
+                                                                   num_key_value_heads=128, kv_lora_rank=512,
+                                                                   qk_rope_head_dim=64)),
 }
 # checkpoint overrides of the batching / chunking / preemption test, per architecture
 SCHEDULING = {"Qwen3ForCausalLM": HD128, "Qwen3MoeForCausalLM": HD128, "DeepseekV3ForCausalLM": {}}
@@ -176,8 +187,11 @@ def margin_report(path, prompt, ref, got) -> tuple[str, bool]:
 
 
 @pytest.mark.parametrize("enforce_eager", [False, True], ids=["graphs", "eager"])
-def test_bf16_first_16_tokens_match_hf_or_near_ties(checkpoint_factory, enforce_eager):
-    path = checkpoint_factory("Qwen3ForCausalLM", **HD128)
+@pytest.mark.parametrize("case", ["qwen3-hd128", "deepseek-v3-128-heads-512+64"])
+def test_bf16_first_16_tokens_match_hf_or_near_ties(checkpoint_factory, case, enforce_eager):
+    """DeepSeek with 128 heads and the real latent decodes through mla_decode_hopper's Gluon kernel on an H100."""
+    arch, overrides = CASES[case]
+    path = checkpoint_factory(arch, **overrides)
     prompts = random_prompts(LENGTHS, seed=13)
     got = greedy(native(path, "bfloat16", enforce_eager), prompts, 16)
     ref = hf_greedy(path, prompts, 16, torch.bfloat16)
