@@ -45,6 +45,11 @@ class EngineArgs:
 
     def to_atom_config(self) -> AtomConfig:
         hf_config = load_hf_config(self.model)
+        quant = getattr(hf_config, "quantization_config", None)
+        if quant is not None:  # its weights would not load (scales), or a config-only one would run unquantized
+            method = quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", quant)
+            raise ValueError(f"{self.model} is a quantized checkpoint (quant_method {method}): atom-core runs "
+                             "unquantized weights only; use a bf16/fp16/fp32 checkpoint (dequantize it first)")
         max_pos = getattr(hf_config, "max_position_embeddings", None)
         max_model_len = self.max_model_len or max_pos or 2048
         if max_pos and max_model_len > max_pos:

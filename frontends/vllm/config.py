@@ -35,6 +35,12 @@ def to_atom_config(vllm_config: Any) -> AtomConfig:
     par, sched = vllm_config.parallel_config, vllm_config.scheduler_config
     if model is None:
         raise ValueError("VllmConfig.model_config is None: atom-core needs the model's config to build it")
+    quant = getattr(vllm_config, "quant_config", None)
+    if quant is not None:  # our layers take no quant_config: the weights would not load, or run unquantized
+        raise ValueError(
+            f"quantized models ({type(quant).__name__}) are not supported by atom-core's vLLM plugin yet; serve an "
+            "unquantized checkpoint without --quantization, or set ATOM_DISABLE_VLLM_PLUGIN=1 to run vLLM's own "
+            "implementation")
     return AtomConfig(
         hf_config=model.hf_config,
         model_path=str(model.model),

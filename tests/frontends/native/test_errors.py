@@ -149,6 +149,22 @@ def test_unknown_architecture(checkpoint_factory, tmp_path):
         LLM(dst)
 
 
+def test_quantized_checkpoint(checkpoint_factory, tmp_path):
+    """DeepSeek-V3 as released (fp8 block-quantized weights): refused by name, not as unexpected weights."""
+    import json
+    import shutil
+
+    src = checkpoint_factory("DeepseekV3ForCausalLM")
+    dst = tmp_path / "ckpt"
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                  "weight_block_size": [128, 128]}
+    (dst / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=r"quantized checkpoint \(quant_method fp8\): .*unquantized"):
+        LLM(dst)
+
+
 def test_missing_weights(checkpoint_factory, tmp_path):
     import shutil
 

@@ -126,6 +126,9 @@ def test_config_translation_from_a_real_vllm_config(vllm_checkpoint):
     cfg.cache_config.cache_dtype = "fp8_e5m2"
     with pytest.raises(ValueError, match="kv_cache_dtype='fp8_e5m2' is not supported by atom-core"):
         translate_config(cfg, host="vllm")
+    cfg.quant_config = object()  # what vLLM makes of a quantized checkpoint or --quantization
+    with pytest.raises(ValueError, match="quantized models .object. are not supported by atom-core's vLLM plugin"):
+        translate_config(cfg, host="vllm")
 
 
 def test_package_imports_without_vllm():
