@@ -25,7 +25,10 @@ FlashMLA's seesaw (two math warpgroups on alternate tiles trading P and the row 
 registers): 163-172 vs 137-145 us; each softmax against the last pair's max, the maxes traded: 202-214 us. With two
 slots a tile's slot frees only at its pair's end, so the next load shows (220 us with a barrier a tile; a barrier per
 64-column chunk hides it but costs ~80 cycles a wait, here too: 8 chunks 157 vs 137 us), and a clock trace showed the
-two softmaxes in series (~1,300 cycles a 64 x 64 tile each).
+two softmaxes in series (~1,300 cycles a 64 x 64 tile each). Also slower: FA3's pipelining in 32-row tiles with a
+4-slot ring (the only depth that fits next to the query; tile j + 1's logits and tile j - 1's left-half P.V issued
+before tile j's softmax, one wait for both): 184-192 vs 137-145 us (an N = 32 logit wgmma reads the query for half
+the rows; a P.V left in flight over the loop's back edge made ptxas serialise every wgmma, C7514: 279-288 us).
 
 The partitions and their barriers: mla_hopper_partitions.
 
