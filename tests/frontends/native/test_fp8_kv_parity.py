@@ -61,10 +61,43 @@ def test_fp8_kv_greedy_matches_transformers_with_fp8_rounded_kv(checkpoint_facto
     assert got == want
 
 
-def test_fp8_cache_is_used(checkpoint_factory):
+def _e4m3(x: torch.Tensor) -> torch.Tensor:
+    return x.to(FP8).to(x.dtype)
+
+
+def rounded_like_our_latent_cache(model, monkeypatch):
+    """transformers' DeepSeek-V3 `model`, rounding to e4m3 what our MLA cache stores, the latent row per token:
+    the compressed KV after kv_a_layernorm (forward hooks) and the roped k_pe (the module's rope functions
+    wrapped, through monkeypatch). Every MLA attention of ours, prefill included, reads the cache."""
+    from transformers.models.deepseek_v3 import modeling_deepseek_v3 as m
+
+    for name in ("apply_rotary_pos_emb", "apply_rotary_pos_emb_interleave"):
+        def rounded_k(q, k, *args, _rope=getattr(m, name), **kwargs):
+            q, k = _rope(q, k, *args, **kwargs)
+            return q, _e4m3(k)
+
+        monkeypatch.setattr(m, name, rounded_k)
+    for layer in model.model.layers:
+        layer.self_attn.kv_a_layernorm.register_forward_hook(lambda mod, args, out: _e4m3(out))
+    return model
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["whole-prompts", "chunked-prefill"])
+def test_fp8_latent_greedy_matches_transformers_with_fp8_rounded_latent(checkpoint_factory, monkeypatch, chunked):
+    path = checkpoint_factory("DeepseekV3ForCausalLM")
+    prompts = random_prompts(LENGTHS)
+    model = rounded_like_our_latent_cache(hf_model(path), monkeypatch)
+    want = informative_greedy(model, prompts, NEW_TOKENS, f"{path} (fp8-rounded latent)")
+    kw = dict(max_num_batched_tokens=16) if chunked else {}
+    got, _ = _ours(path, prompts, "fp8", **kw)
+    assert got == want
+
+
+@pytest.mark.parametrize("arch", ["Qwen3ForCausalLM", "DeepseekV3ForCausalLM"])
+def test_fp8_cache_is_used(checkpoint_factory, arch):
     """The fp8 engine's first-token logprobs differ from the fp32-cache engine's on the same prompts, so
-    the parity above is about a cache that really rounds."""
-    path = checkpoint_factory("Qwen3ForCausalLM")
+    the parities above are about a cache that really rounds."""
+    path = checkpoint_factory(arch)
     prompts = random_prompts(LENGTHS)
     (_, exact), (_, fp8) = _ours(path, prompts, "auto"), _ours(path, prompts, "fp8")
     moved = [abs(a[0] - b[0]) for a, b in zip(exact, fp8)]

@@ -136,6 +136,19 @@ def test_fp32_mla_metadata_rebuilt_each_step_matches_hf(checkpoint_factory, monk
     assert greedy(llm, prompts, 32) == hf_greedy(path, prompts, 32)
 
 
+@pytest.mark.parametrize("enforce_eager", [False, True], ids=["graphs", "eager"])
+def test_fp32_fp8_latent_cache_matches_hf_with_the_latent_rounded(checkpoint_factory, monkeypatch, enforce_eager):
+    """DeepSeek-V3 with an e4m3 latent cache (the Triton fp8 latent write and decode) == transformers rounding the
+    latent alike (test_fp8_kv_parity's oracle), on the same GPU."""
+    from tests.frontends.native.test_fp8_kv_parity import rounded_like_our_latent_cache
+
+    path = checkpoint_factory("DeepseekV3ForCausalLM")
+    prompts = random_prompts(LENGTHS, seed=5)
+    model = rounded_like_our_latent_cache(hf_model(path, torch.float32), monkeypatch)
+    want = hf_oracle.informative_greedy(model, prompts, 16, f"{path} (fp8-rounded latent)")
+    assert greedy(native(path, torch.float32, enforce_eager, kv_cache_dtype="fp8"), prompts, 16) == want
+
+
 @pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "no-overlap"])
 @pytest.mark.parametrize("enforce_eager", [False, True], ids=["graphs", "eager"])
 @pytest.mark.parametrize("arch", list(SCHEDULING))
