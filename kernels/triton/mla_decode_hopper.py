@@ -37,9 +37,10 @@ tile buffer (exact: fp16 holds e4m3; one conversion instruction per two values, 
 previous tile is done, which both warpgroups' wgmmas read, with the query pre-scaled into fp16 (mla_decode's
 DOT_F16); the per-tensor scale goes on the logits and on the output, as in mla_decode. A slot's next tile is
 issued as soon as the slot is upcast, so the e4m3 ring runs a tile ahead of the converted one (H100, 128 heads:
-179-187 us, 1.30-1.32x the bf16 time; 208-212 when the slot was refilled a tile later). (There is no room for two
-converted tiles next to the query: ~225 KB of shared memory either way. Upcasting the converted tile's right half
-and rope first, behind their own barrier, so the logits could start on them: 1-4 us slower.)
+179-187 us, 1.30-1.32x the bf16 time; 208-212 when the slot was refilled a tile later; 169-178 us, 1.23-1.25x, with
+row_layout's conflict-free upcast). (There is no room for two converted tiles next to the query: ~225 KB of shared
+memory either way. Upcasting the converted tile's right half and rope first, behind their own barrier, so the
+logits could start on them: 1-4 us slower.)
 
 Scope (mla_decode_config picks this kernel only there): CUDA sm_90, 16-bit query, cache of the query's dtype or
 e4m3, kv_lora_rank 512 and rope 64 (DeepSeek-V2/V3), more than 32 heads (up to 32: mla_hopper_few_heads). Everything
