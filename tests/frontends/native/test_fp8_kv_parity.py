@@ -24,10 +24,14 @@ NEW_TOKENS = 24
 ATTN = "eager_fp8_kv"
 
 
+def _e4m3(x: torch.Tensor) -> torch.Tensor:
+    return x.to(FP8).to(x.dtype)
+
+
 def _fp8_kv_eager(module, query, key, value, attention_mask, **kwargs):
     from transformers.models.qwen3.modeling_qwen3 import eager_attention_forward
 
-    return eager_attention_forward(module, query, key.to(FP8).to(key.dtype), value.to(FP8).to(value.dtype),
+    return eager_attention_forward(module, query, _e4m3(key), _e4m3(value),
                                    attention_mask, **kwargs)
 
 
@@ -59,10 +63,6 @@ def test_fp8_kv_greedy_matches_transformers_with_fp8_rounded_kv(checkpoint_facto
     kw = dict(max_num_batched_tokens=16) if chunked else {}  # 16-token chunks: later chunks read fp8 prefixes
     got, _ = _ours(path, prompts, "fp8", **kw)
     assert got == want
-
-
-def _e4m3(x: torch.Tensor) -> torch.Tensor:
-    return x.to(FP8).to(x.dtype)
 
 
 def rounded_like_our_latent_cache(model, monkeypatch):
