@@ -10,22 +10,19 @@ max_seq_len hint (e.g. under a CUDA graph) still covers every key.
 Launch order: the GPU starts programs in grid order, and the sequences are its slowest axis, so all programs
 of one sequence start together; with `order` (a permutation of the sequences, longest first, made once a step:
 decode_order) the longest start first and the short ones fill the gaps at the end. A batch of mixed context
-lengths otherwise ends with a tail wave of long sequences on a part of the SMs. Measured on the H100 (bf16,
-16/8 heads, contexts uniform in [lo, 2048]), fraction of copy bandwidth, former grid (sequences fastest, batch
-order) -> longest first: 256 sequences 0.94 -> 0.99, 128: 0.87 -> 0.96, 64: 0.78 -> 0.87-0.91 (scratch runs and
-benchmarks/attention_decode.py); 32 sequences are one wave there (no order made), 0.75-0.81 either way.
-Any permutation gives the same result: the order only moves time.
+lengths otherwise ends with a tail wave of long sequences on a part of the SMs (measured gains:
+docs/kernels/attention.md). Any permutation gives the same result: the order only moves time.
 
 fp8 (e4m3) caches are dequantised by the per-tensor scales applied to the scores (k_scale) and to the
 output (v_scale), never per element; per element there is only the dtype conversion for the tensor-core
 dots. With bf16 queries those dots run in fp16: on sm_90 e4m3 -> fp16 is one conversion per two elements
 (F2FP), e4m3 -> bf16 goes through fp16 and adds one quarter-rate F2F per element, which bounded the fp8
-kernel (ptxas: 988 -> 822 instructions per 64-key tile). fp16 holds e4m3 exactly and P in [0, 1] more
+kernel (fewer instructions per tile in fp16, ptxas). fp16 holds e4m3 exactly and P in [0, 1] more
 precisely than bf16; the query is scaled by softmax_scale * log2(e) first, which keeps it in fp16's range.
 V_REGS (option, off by default): V tiles are loaded into registers one tile ahead and converted to fp16
 before the dot, which then reads them from shared memory with ldmatrix.trans; left to the pipeliner, fp8 V
 sits in shared memory as bytes and P @ V gathers them with one LDS.U8 per element (V is key-major, the dot
-reduces over keys). Fewer instructions (695 vs 822 per tile), but not faster on the H100 in the sweep.
+reduces over keys). Fewer instructions, but not faster in the sweep (docs/kernels/attention.md).
 """
 
 from __future__ import annotations
@@ -159,9 +156,8 @@ def num_sms(device: torch.device) -> int:
 
 
 # Split-count target: programs per SM. ptxas (sm_90, head_dim 128) allows 3 resident programs of the 16-bit
-# config below (142 registers, 70 KB smem) and 2 of the fp8 one (block_n 128: 255 registers), but on the H100
-# two per SM already saturate HBM: splitting 256 programs to fill 3 slots per SM was 4% slower than not
-# splitting (32 x 4096: 203 vs 195 us; 8 x 16384: 6 splits 203 us, 4 splits 199 us).
+# config below and 2 of the fp8 one, but two per SM already saturate HBM; filling 3 slots by splitting more was
+# slower (docs/kernels/attention.md).
 PROGRAMS_PER_SM = 2
 
 
@@ -174,9 +170,9 @@ def decode_config(num_seqs: int, kv_heads: int, max_seq_len: int, head_dim: int,
                   cache_dtype=torch.bfloat16, query_dtype=torch.bfloat16) -> dict:
     """Tile, warps, pipeline depth by dtype, and the split count (sweeps: benchmarks/attention_decode.py).
 
-    fp8 takes 128-key tiles (the bytes of a 16-bit 64-key tile) with 3 stages: the fastest in the H100 sweep on
-    all three benchmark shapes (1-7% ahead of 64-key tiles; the former 5 stages were slower). V through registers
-    (v_regs) was faster on one shape only, so it stays off.
+    fp8 takes 128-key tiles (the bytes of a 16-bit 64-key tile) with 3 stages: the fastest in the sweep on all
+    three benchmark shapes (docs/kernels/attention.md). V through registers (v_regs) was faster on one shape
+    only, so it stays off.
     """
     fp8 = cache_dtype.itemsize == 1
     block_n = 32 if query_dtype == torch.float32 or head_dim > 128 else (128 if fp8 else 64)
@@ -189,8 +185,8 @@ def pick_splits(programs: int, slots: int, max_splits: int) -> int:
     """Split only to fill an under-occupied GPU; pick the count whose last wave wastes least.
 
     Time ~ waves / splits with waves = ceil(programs * splits / slots) (equal work per program). A
-    wave that is only slightly over full nearly doubles the time (measured: 576 programs on 528 slots
-    ran 1.27x slower than 512), so a count must win by 5% over a smaller one.
+    wave that is only slightly over full nearly doubles the time (docs/kernels/attention.md), so a count
+    must win by 5% over a smaller one.
     """
     if programs >= slots:
         return 1
@@ -233,7 +229,7 @@ def launch_decode(query, k_cache, v_cache, block_tables, seq_lens, query_start_l
     """Run the decode kernel (+ merge) for the one-token sequences of the batch; arguments pre-checked.
 
     v_regs: V tiles through registers (see the module docstring; meant for fp8 caches). f16_dots=False keeps
-    bf16 dots for fp8 caches with bf16 queries (the slower former path, for comparison). maxnreg: a register
+    bf16 dots for fp8 caches with bf16 queries (the former path, for comparison). maxnreg: a register
     cap per thread (ptxas), to fit more programs per SM. order: decode_order's permutation (None: batch order).
     """
     num_seqs = seq_lens.shape[0]

@@ -114,10 +114,9 @@ def prefill_config(max_query_len: int | None, head_dim: int, fp32: bool, group: 
 
     16-bit, head_dim <= 128: 128 rows x 32 keys, 4 warps, 3 stages: 128 tokens for MHA, 64 tokens x 2 heads
     for Qwen3-0.6B (16/8), 32 x 4 for Llama-3-8B (32/8), 16 x 8. The fastest of benchmarks/attention_prefill.py's
-    sweep on the H100 on 7 of its 8 shapes (5-20% ahead of 128 x 64 keys at 8 warps, Triton's Hopper tutorial
-    config; 6% behind it on Qwen3-0.6B 1 x 4096). float32 (IEEE dots, twice the registers) and head_dim > 128:
-    32 rows x 32 keys, 4 warps, 2 stages. Short query chunks shrink block_m to the rows they fill (>= 16, the
-    smallest dot); it never drops below the group, so a tile holds >= 1 token.
+    sweep on 7 of its 8 shapes (docs/kernels/attention.md). float32 (IEEE dots, twice the registers) and
+    head_dim > 128: 32 rows x 32 keys, 4 warps, 2 stages. Short query chunks shrink block_m to the rows they
+    fill (>= 16, the smallest dot); it never drops below the group, so a tile holds >= 1 token.
     """
     small = fp32 or head_dim > 128
     block_m = 32 if small else 128

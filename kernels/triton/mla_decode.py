@@ -19,17 +19,16 @@ the same result.
 
 fp8 (e4m3) caches: dequantised by the per-tensor scale on the logits and on the output, never per element.
 With bf16 queries the dots then run in fp16 (e4m3 -> fp16 is one conversion, -> bf16 two; fp16 holds e4m3
-exactly), the query pre-scaled by softmax_scale * log2(e) to stay in fp16's range (attention_decode measured
-this on the H100).
+exactly), the query pre-scaled by softmax_scale * log2(e) to stay in fp16's range (as attention_decode).
 
-Two launch options, meant for fp8 caches (both exact; the H100 sweep decides, benchmarks/mla_decode.py --sweep):
+Two launch options, meant for fp8 caches (both exact; mla_decode_config turns them on where the sweep,
+benchmarks/mla_decode.py --sweep, found them faster: docs/kernels/mla.md):
   PREFETCH: the next latent tile is loaded into registers at the top of each iteration, before the dots on the
     current one (its page ids one tile earlier still), so its global loads are in flight during the dots. At
     16 heads per program (mma.sync dots) Triton's pipeliner leaves the e4m3 tile a plain load inside the
-    iteration, converted twice (once per dot layout; only the rope part is copied ahead): the fp8 time was
-    the same at 1, 2 and 3 stages, above the bf16 time for half the bytes. Prefetched, it is converted once
-    and stored to shared memory as fp16 for both dots. The price is the registers of a tile in flight
-    (ptxas, sm_90: at 4 warps 32-row tiles spill, 8 warps do not; at 64 heads per program, where the
+    iteration, converted twice (once per dot layout), so pipeline stages do not help it. Prefetched, it is
+    converted once and stored to shared memory as fp16 for both dots. The price is the registers of a tile in
+    flight (ptxas, sm_90: at 4 warps 32-row tiles spill, 8 warps do not; at 64 heads per program, where the
     pipeliner does copy the e4m3 tile ahead, it adds to the fp8 path's spills).
   F8_BITS: e4m3 -> fp16 by integer ops that yield value / 256 (mla_common.e4m3_bits_as_f16) instead of the
     F2FP conversion; the 2^8 goes back on the logits' scale and on the output.
@@ -152,17 +151,15 @@ def mla_decode_config(num_seqs: int, num_heads: int, max_seq_len: int, device, q
                       wgmma_shapes: bool) -> dict:
     """Heads per program, tile, warps, stages, split count and the fp8 options (sweep: benchmarks/mla_decode.py
     --sweep). cache_dtype: the latent cache's. wgmma_shapes: the arguments fit Hopper's kernels (wgmma_fits);
-    decided here once, since the split count depends on the kernel (one wgmma program an SM). On an H100 they take
-    every head count there: mla_hopper_few_heads up to 32 heads (16 heads: bf16 109-112 vs 118 us for the Triton
-    kernel, fp8 77-81 vs 130 us; 32 heads 2.4-3x faster), mla_decode_hopper above.
+    decided here once, since the split count depends on the kernel (one wgmma program an SM). Where they fit they
+    take every head count (faster than this module's kernel at each): mla_hopper_few_heads up to 32 heads,
+    mla_decode_hopper above.
 
     float32 queries (parity tests) take 16 heads and 16-row tiles: IEEE fp32 dots need twice the registers.
-    16-bit queries, from the H100 sweep (latent 512 + 64, B x L 64 x 4096 / 128 x 2048 / 16 x 16384, bf16 and fp8
-    caches): up to 16 heads, 32-row tiles 3 stages deep (bf16 118 vs 147 us at 2 stages: 0.85 of copy bandwidth);
-    with an e4m3 cache there, the prefetched tile and the integer upcast (module docstring; 64 x 4096: 130 vs
-    144 us, either alone 134-148 us); 64 heads, 64-row tiles 2 deep (bf16 369 vs 464 us, fp8 523 vs 813 us for
-    32-row tiles; prefetch and f8_bits gain nothing there), which need ~220 KB of shared memory: where the GPU has
-    less, and at 32 heads (not swept), 32-row tiles 2 deep as before.
+    16-bit queries, the fastest configs of the sweep (docs/kernels/mla.md has its timings): up to 16 heads, 32-row
+    tiles 3 stages deep; with an e4m3 cache there, the prefetched tile and the integer upcast together (module
+    docstring); 64 heads, 64-row tiles 2 deep (prefetch and f8_bits gain nothing there), which need ~220 KB of
+    shared memory: where the GPU has less, and at 32 heads (not swept), 32-row tiles 2 deep.
     """
     fp32 = query_dtype == torch.float32
     block_h = min(pow2(num_heads, 16), 16 if fp32 else MAX_HEADS_PER_PROGRAM)

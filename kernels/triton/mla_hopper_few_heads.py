@@ -16,26 +16,10 @@ Two warpgroups (gl.warp_specialize), talking through mbarriers (as mla_decode_ho
     the output; it stores O and the lse.
   ready[b]: tile b may be read (bf16/fp16: the cp.asyncs arrive themselves; fp8: the upcast is done);
   free[b]:  the dot warpgroup is done with tile b.
-Why: at 16 heads the decode is memory-bound, and the Triton kernel (mma.sync, 16 heads a program) took longer on
-an e4m3 cache than on a bf16 one (H100: 130 vs 118 us for 151 vs 302 MB), bound by its per-tile chain, not by
-the bytes. H100, 16 heads, latent 512 + 64 (B x L 64 x 4096 / 128 x 2048 / 16 x 16384, scratch A/B, same run):
-bf16 109-112 us (0.89-0.91 of copy bandwidth; Triton 118), fp8 77-81 us (74-78 with row_layout's conflict-free
-upcast; Triton 130); 32 heads bf16 111-115 us, fp8 88-93 us (Triton 262-280: two 16-head programs, or mma.sync at
-32).
-Where the fp8 time goes (H100, 128 x 2048, 16 heads, scratch variants timed with stages cut out, same run): the
-kernel takes 77 us; with no global loads at all (upcast and dots on whatever is in shared memory) still 78 us, so
-the loads are hidden and the on-chip chain, upcast then dots, is the time. The dots alone are 8-9 us; the loads
-alone (a cp.async ring, no upcast, no dots) 59-60 us, the same with 54, 108 or 126 KB of ring. The upcast is not
-bound by its conversions: by integer ops (PRMT/SHL/AND, no F2FP) it took the same time, split over two warpgroups
-longer (83 us), stored unswizzled (bank conflicts) much longer. Tried and slower or no better:
-the upcast in four column chunks with their own barrier pairs (93 vs 80 us); the dot warpgroup upcasting half the
-rows (103); the logits as four accumulators, the softmax sum kept per element, k-major output wgmmas (86-96, small
-spills); two dot warpgroups on alternate tiles with two fp16 tiles and a ring of 32-row e4m3 sub-tiles (78-82,
-the same: the dots were never the limit); warps reading whole 128-byte lines (89); e4m3 tiles loaded into
-registers by two warpgroups instead of a cp.async ring (89); the logits by e4m3 wgmmas straight from the ring
-(an e4m3 query, one scale a head; only the latent upcast: 96-100 us, and 10x the error). So fp8 stays at 0.68-0.69 of
-the bf16 time (goal 0.6). Untried: FlashMLA's fp8 path (both dots in e4m3, V transposed in shared memory, P in
-e4m3), which also serves 128 heads, where the kernel is compute-bound - a precision change to state and test.
+Why: at 16 heads the decode is memory-bound, and the Triton kernel (mma.sync, 16 heads a program) is bound by
+its per-tile chain, not by the bytes, so an e4m3 cache was no faster than a bf16 one there. With an fp8 cache the
+on-chip chain (upcast, then dots) is this kernel's time too: the loads are hidden behind it. Timings, where the
+fp8 time goes, and the variants measured slower: docs/kernels/mla.md.
 
 Scope (mla_decode_config picks this kernel only there): CUDA sm_90, 16-bit query, cache of the query's dtype or
 e4m3, kv_lora_rank 512 and rope 64, at most 32 heads.

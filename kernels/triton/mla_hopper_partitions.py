@@ -33,8 +33,7 @@ def row_layout(vec):
     the e4m3 ring's cp.asyncs and upcasts) the threads run down the rows first, so the 8 threads of a 16-byte
     shared access phase take one chunk of 8 rows: the 128-byte swizzle (chunk ^ row % 8) puts those in 8 different
     bank groups, for the e4m3 reads and the fp16 writes alike. Along the rows (two rows a phase, 4 chunks each) the
-    e4m3 reads were 2-way bank conflicts (ncu: 1.05 M of 2.38 M load wavefronts, 16 heads); H100, fp8 cache:
-    16 heads 77-81 -> 74-78 us, 128 heads 178-185 -> 169-178 us."""
+    e4m3 reads were 2-way bank conflicts (ncu; measurements: docs/kernels/mla.md)."""
     order = [0, 1] if vec == 16 else [1, 0]
     return gl.BlockedLayout([1, vec], [32 * vec // 64, 64 // vec], [4, 1], order)
 
@@ -151,10 +150,9 @@ def store_part(o, buf, out_row, head0, c0, num_heads):
     """o [BLOCK_H, W] (fp32: a wgmma accumulator, or one transposed in registers) to out_row[0] + head * out_row[1]
     + c0 + column: the output's row of the token, or the split's partials. A warp's store in the accumulator layout
     covers 8 bytes of 4 threads in each of 8 rows: whole 32-byte sectors for fp32 partials, half sectors for a 16-bit
-    output. Those half-sector writes took ~8 us a 64-head program at the kernel's end (H100, 128 heads), so a 16-bit
-    output is staged through buf, a shared tile this warpgroup alone uses now (>= the part's bytes), and read back in
-    16-byte row chunks (whole 128-byte lines a warp). Staging fp32 partials the same way was slower (142 -> 152 us,
-    16 x 16384)."""
+    output. Those half-sector writes showed at the kernel's end, so a 16-bit output is staged through buf, a shared
+    tile this warpgroup alone uses now (>= the part's bytes), and read back in 16-byte row chunks (whole 128-byte
+    lines a warp). fp32 partials are stored directly: staging them was slower (docs/kernels/mla.md)."""
     BLOCK_H: gl.constexpr = o.shape[0]
     W: gl.constexpr = o.shape[1]
     dt: gl.constexpr = out_row[0].dtype.element_ty
@@ -189,8 +187,8 @@ def load_partition(cache_ptr, pages, ring, ring_pe, conv, conv_pe, p_smem, a_sme
         blk = issue_next(cache_ptr, pages, ring, ring_pe, ready, blk, t, n_tiles, start, end, s_b, s_t, NOT_CONVERT,
                          BLOCK_SIZE, R, ROPE, VEC)
     # the tile a free ring slot takes next: for 16-bit caches the slot of tile j (done) takes tile j + RING; for fp8
-    # caches that of tile j + 1, free once upcast, takes tile j + 1 + RING (H100, 128 heads: 208-212 -> 179-187 us
-    # against refilling the slot a tile later, as 16-bit caches must)
+    # caches that of tile j + 1, free once upcast, takes tile j + 1 + RING (faster than refilling the slot a tile
+    # later, as 16-bit caches must: docs/kernels/mla.md)
     AHEAD: gl.constexpr = RING + 1 if CONVERT else RING
     if CONVERT:
         if n_tiles > 0:
