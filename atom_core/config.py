@@ -58,8 +58,8 @@ class AtomConfig:
     enforce_eager: bool = False
     # Switches whose environment variable is exactly the field name upper-cased.
     # Qwen3's q/k norm + rotary + KV write as one op where the host's attention layer lets the model write the
-    # cache (native); =0: the unfused ops. On by default: on the H100 it took the batch-1 decode graph from
-    # 1.30 to 1.17 ms and batch 32 from 1.69 to 1.47 ms (benchmarks/native_gpu.py); fp32 parity == HF.
+    # cache (native); =0: the unfused ops. On by default: it shortens the decode graph (docs/kernels/
+    # norm-rope-activation.md); fp32 parity == HF.
     ATOM_FUSED_QK_NORM_ROPE: bool = field(default_factory=lambda: env_flag("ATOM_FUSED_QK_NORM_ROPE", True))
     # MLA decode metadata (kv_indptr / kv_indices) refilled in place in buffers sized at engine start; off: made
     # afresh every step.

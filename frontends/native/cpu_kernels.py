@@ -1,8 +1,8 @@
 """The native engine's CPU kernels: its GEMM (cpu_linear.py) and float32 versions of the ops around it that give
 the torch reference's results bit for bit with fewer torch calls.
 
-A decode step of a small model on CPU is bound by the number of torch calls (~1.5 us each whatever their size;
-a Qwen3-shaped step of 8 rows made ~600 of them), not by their arithmetic. So these kernels run the reference's
+A decode step of a small model on CPU is bound by the number of torch calls (each costs about the same whatever
+its size; docs/kernels/norm-rope-activation.md), not by their arithmetic. So these kernels run the reference's
 arithmetic in fewer calls: torch.rms_norm (the reference's pow / mean / rsqrt / mul in one call, the same float32
 operations in the same order), q and k heads normed and rotated as one tensor, the rotation as one product with
 the half-swapped heads (x2 * -sin instead of -x2 * sin: the same float), the KV cache written with index_copy_
@@ -104,7 +104,7 @@ def fused_qk_norm_rope_write_kv(positions, query, key, value, q_weight, k_weight
     # views: x * cos + (x2, x1) * (-sin, sin).
     cos, sin = cos_sin_cache[positions].view(t, 1, 2, d // 2).unbind(2)  # [T, 1, d/2] each
     halves = x.view(t, heads + kv_heads, 2, d // 2)
-    swapped = halves.roll(1, 2)  # (x2, x1): a roll by one of two is a flip, and 6x faster on 512 rows
+    swapped = halves.roll(1, 2)  # (x2, x1): a roll by one of two is a flip, and much faster than flip
     y = (halves * cos.unsqueeze(2) + swapped * torch.stack((-sin, sin), dim=2)).view(t, heads + kv_heads, d)
     write_kv_cache(y[:, heads:], value, k_cache, v_cache, slot_mapping)
     return y[:, :heads]

@@ -1,8 +1,7 @@
 """The native engine's CPU GEMM: torch's oneDNN matmul over float32 weights prepacked once after loading.
 
 On CPU, F.linear in float32 runs MKL's sgemm; oneDNN with the weight reordered once into its blocked format is
-2-2.5x faster at every row count a step has (2-core AMD EPYC, a Qwen3-shaped decode step's 25 GEMMs: 8 rows
-1.65 → 0.65 ms, 512 rows 29 → 13 ms). Both are plain float32 GEMMs: they differ in the order of the sums only,
+faster at every row count a step has (docs/kernels/linear.md). Both are plain float32 GEMMs: they differ in the order of the sums only,
 as MKL's own kernels for different shapes do, and as vLLM's prepacked CPU GEMM (atom_frontends.vllm.cpu_linear)
 does. The native engine makes these two functions the dispatcher's "host" kernels of pack_linear and linear on
 CPU (cpu_kernels.register_host_kernels, like the vLLM frontend with vLLM's GEMM); ATOM_KERNEL_BACKEND=torch runs

@@ -53,9 +53,9 @@ def no_gc() -> Iterator[None]:
     """Collect garbage now, then no collection until the block ends. Capture runs in CUDA's global mode, where
     freeing device or pinned memory, or destroying an event or a graph, invalidates the capture; a dead reference
     cycle holding such objects (an engine dropped before this one was built) would do that if the collector ran
-    mid-capture (torch.cuda.graph no longer collects first). Seen on the H100: an fp32 engine built right after
-    others failed its capture at random (cuBLAS "execution failed", then "operation failed due to a previous error
-    during capture"). vLLM freezes the collector while it captures for the same reason."""
+    mid-capture (torch.cuda.graph no longer collects first): an fp32 engine built right after others then fails
+    its capture at random (cuBLAS "execution failed", then "operation failed due to a previous error during
+    capture"). vLLM freezes the collector while it captures for the same reason."""
     gc.collect()
     was_enabled = gc.isenabled()
     gc.disable()

@@ -79,9 +79,9 @@ def _vllm_qk_norm_rope_attention_fake(query, key, value, positions, q_weight, k_
     return None
 
 
-# vLLM's own registration path (a torch library op dispatched straight to the platform's key): a few µs a
-# call, where torch.library.custom_op costs ~20 µs of Python per call, and this op runs eagerly once per
-# layer in every step vLLM does not replay as a full CUDA graph.
+# vLLM's own registration path (a torch library op dispatched straight to the platform's key): far less Python
+# per call than torch.library.custom_op (docs/vllm.md), and this op runs eagerly once per layer in every step
+# vLLM does not replay as a full CUDA graph.
 _LIB = torch.library.Library(ATTENTION_OP.split("::")[0], "FRAGMENT")
 direct_register_custom_op(ATTENTION_OP.split("::")[1], vllm_attention, mutates_args=["output"],
                           fake_impl=_vllm_attention_fake, target_lib=_LIB)

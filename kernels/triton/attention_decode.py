@@ -157,7 +157,7 @@ def num_sms(device: torch.device) -> int:
 
 # Split-count target: programs per SM. ptxas (sm_90, head_dim 128) allows 3 resident programs of the 16-bit
 # config below and 2 of the fp8 one, but two per SM already saturate HBM; filling 3 slots by splitting more was
-# slower (docs/kernels/attention.md).
+# no faster (docs/kernels/attention.md).
 PROGRAMS_PER_SM = 2
 
 

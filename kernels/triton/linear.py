@@ -1,19 +1,15 @@
 """linear for one row (batch-1 decode): y = x @ weight^T + bias as a GEMV that streams the weight once.
 
-With one row a linear layer is a weight read. cuBLAS's skinny kernels (nvjet 64x8 tiles, split-K plus a reduce
-launch) spent 0.65 ms of the 1.17 ms batch-1 decode graph on the Qwen3-0.6B layers on an H100 (~44% of copy
-bandwidth; profile 2026-11-24). Here one launch, no split-K: a program owns BLOCK_N weight rows, streams them in
+With one row a linear layer is a weight read, which cuBLAS's skinny kernels (split-K plus a reduce launch) do
+well below copy bandwidth (docs/kernels/linear.md). Here one launch, no split-K: a program owns BLOCK_N weight rows, streams them in
 BLOCK_K tiles and accumulates CUDA-core FMAs in fp32 (one row fills no tensor-core tile); BLOCK_N is small enough
 that the grid covers the GPU even for 1024-row layers. Rounded once to the output dtype after the bias (added in
-fp32), as cuBLAS's epilogue does; sums differ from cuBLAS's only in order.
-H100 (benchmarks/linear_gemv.py, L2 flushed): a Qwen3-0.6B layer's four GEMMs 29.7 vs 37.2 us, its LM head 101 vs
-113 us; the batch-1 decode graph 0.91 ms instead of 1.17. At 2-8 rows a tensor-core variant only matched cuBLAS
-(0.95-0.97 per layer), so those stay with it.
+fp32), as cuBLAS's epilogue does; sums differ from cuBLAS's only in order. At 2-8 rows a tensor-core variant
+only matched cuBLAS, so those stay with it (timings: docs/kernels/linear.md).
 
 The kernel can also run the op in front of the layer as its prologue (fused_linear.py): add + RMSNorm for qkv and
-gate_up, SiLU-and-mul for down. Each program then redoes that op over the whole input row (from L2), ~1.3 us more
-per GEMV, which the separate launch it replaces (~1.5 us in the decode graph) just pays for: the batch-1 graph
-0.98 ms instead of 1.02 (H100, 2026-11-24).
+gate_up, SiLU-and-mul for down. Each program then redoes that op over the whole input row (from L2), which
+costs about what the separate launch it replaces did, and a little less overall (docs/kernels/linear.md).
 
 More rows, a weight that is not K-contiguous, dtypes other than the float ones, or a compiler tracing the model
 (vLLM's inductor: it picks its own GEMMs) take F.linear, the vendor GEMM.
@@ -97,8 +93,8 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, r_out_ptr, eps, N, K
 
 def gemv_config(n: int, k: int) -> tuple[int, int, int, int]:
     """(BLOCK_N, BLOCK_K, num_warps, num_stages) for a [k] x [n, k]^T GEMV: 4-row tiles of 1024 columns (8 KB
-    per bf16 load, >= 256 programs for 1024-row layers); fastest or within 0.4 us of it on every Qwen3-0.6B
-    layer in the H100 sweep (linear_gemv.py --sweep, 2026-11-24)."""
+    per bf16 load, >= 256 programs for 1024-row layers); the fastest, or close to it, on every Qwen3-0.6B layer
+    in the sweep (linear_gemv.py --sweep; docs/kernels/linear.md)."""
     return 4, min(1024, pow2(k)), 4, 1
 
 

@@ -13,7 +13,7 @@ their own code (gl.warp_specialize), talking through mbarriers in shared memory:
 So the right half's wgmma of tile j runs while the softmax warpgroup computes the logits of tile j + 1: the
 tensor cores are not idle during the softmax. The logit dot is one N = 64 wgmma on one warpgroup instead of two
 N = 32 halves, so each step reads less shared memory for the same flops. The ring holds two 64-row tiles
-because the query takes 72 KB next to them. Timings, and the schedules measured slower (lock-step warpgroups,
+because the query takes 72 KB next to them. Timings, and the schedules that lost (lock-step warpgroups,
 FlashMLA's seesaw, FA3-style 32-row tiles): docs/kernels/mla.md.
 
 The partitions and their barriers: mla_hopper_partitions.

@@ -19,7 +19,7 @@ Two warpgroups (gl.warp_specialize), talking through mbarriers (as mla_decode_ho
 Why: at 16 heads the decode is memory-bound, and the Triton kernel (mma.sync, 16 heads a program) is bound by
 its per-tile chain, not by the bytes, so an e4m3 cache was no faster than a bf16 one there. With an fp8 cache the
 on-chip chain (upcast, then dots) is this kernel's time too: the loads are hidden behind it. Timings, where the
-fp8 time goes, and the variants measured slower: docs/kernels/mla.md.
+fp8 time goes, and the variants that lost: docs/kernels/mla.md.
 
 Scope (mla_decode_config picks this kernel only there): CUDA sm_90, 16-bit query, cache of the query's dtype or
 e4m3, kv_lora_rank 512 and rope 64, at most 32 heads.

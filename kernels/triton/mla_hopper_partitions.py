@@ -152,7 +152,7 @@ def store_part(o, buf, out_row, head0, c0, num_heads):
     covers 8 bytes of 4 threads in each of 8 rows: whole 32-byte sectors for fp32 partials, half sectors for a 16-bit
     output. Those half-sector writes showed at the kernel's end, so a 16-bit output is staged through buf, a shared
     tile this warpgroup alone uses now (>= the part's bytes), and read back in 16-byte row chunks (whole 128-byte
-    lines a warp). fp32 partials are stored directly: staging them was slower (docs/kernels/mla.md)."""
+    lines a warp). fp32 partials are stored directly: staging them cost time (docs/kernels/mla.md)."""
     BLOCK_H: gl.constexpr = o.shape[0]
     W: gl.constexpr = o.shape[1]
     dt: gl.constexpr = out_row[0].dtype.element_ty

@@ -50,7 +50,7 @@ def moe_config(num_tokens: int, top_k: int, num_experts: int, dtype: torch.dtype
         cfg = dict(block_m=32, up=(32, 128, 4, 4), down=(64, 128, 4, 4))
     elif rows <= 96:
         cfg = dict(block_m=64, up=(64, 64, 4, 4), down=(128, 64, 4, 4))
-    else:  # (the fastest of benchmarks/moe.py --sweep at 4096 tokens on the H100: 986 us vs 1334 us for the next)
+    else:  # (the fastest of benchmarks/moe.py --sweep at 4096 tokens: docs/kernels/moe.md)
         cfg = dict(block_m=128, up=(128, 64, 8, 3), down=(256, 64, 8, 3))
     if dtype == torch.float32:  # no tensor cores (exact fp32 products): <= 64-row blocks (128 spill registers),
         # twice the bytes per element: half the BLOCK_K, at most 3 stages

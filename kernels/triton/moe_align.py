@@ -17,7 +17,7 @@ them into per-chunk offsets, expert starts, the block -> expert table and the pa
 which each pair's row is its expert's start + the pairs of its expert in earlier chunks + those earlier in its
 chunk. Few pairs (decode, up to SMALL_CHUNKS chunks): the same arithmetic in ONE program that walks the chunks
 twice (histogram, then scatter with running per-expert counts), since at decode the launches, not the work,
-cost the time (three launches were ~9 us of a 61 us MoE layer on the H100).
+cost the time (docs/kernels/moe.md).
 """
 
 from __future__ import annotations
