@@ -1,11 +1,11 @@
 """linear for one row (batch-1 decode): y = x @ weight^T + bias as a GEMV that streams the weight once.
 
-With one row a linear layer is a weight read, which cuBLAS's skinny kernels (split-K plus a reduce launch) do
-well below copy bandwidth (docs/kernels/linear.md). Here one launch, no split-K: a program owns BLOCK_N weight rows, streams them in
-BLOCK_K tiles and accumulates CUDA-core FMAs in fp32 (one row fills no tensor-core tile); BLOCK_N is small enough
-that the grid covers the GPU even for 1024-row layers. Rounded once to the output dtype after the bias (added in
-fp32), as cuBLAS's epilogue does; sums differ from cuBLAS's only in order. At 2-8 rows a tensor-core variant
-only matched cuBLAS, so those stay with it (timings: docs/kernels/linear.md).
+With one row a linear layer is a weight read, which cuBLAS's skinny kernels (split-K plus a reduce launch) do well
+below copy bandwidth (docs/kernels/linear.md). Here one launch, no split-K: a program owns BLOCK_N weight rows,
+streams them in BLOCK_K tiles and accumulates CUDA-core FMAs in fp32 (one row fills no tensor-core tile); BLOCK_N
+is small enough that the grid covers the GPU even for 1024-row layers. Rounded once to the output dtype after the
+bias (added in fp32), as cuBLAS's epilogue does; sums differ from cuBLAS's only in order. At 2-8 rows a tensor-core
+variant only matched cuBLAS, so those stay with it (timings: docs/kernels/linear.md).
 
 The kernel can also run the op in front of the layer as its prologue (fused_linear.py): add + RMSNorm for qkv and
 gate_up, SiLU-and-mul for down. Each program then redoes that op over the whole input row (from L2), which
