@@ -1,12 +1,12 @@
 """The native engine's CPU GEMM: torch's oneDNN matmul over float32 weights prepacked once after loading.
 
 On CPU, F.linear in float32 runs MKL's sgemm; oneDNN with the weight reordered once into its blocked format is
-faster at every row count a step has (docs/kernels/linear.md). Both are plain float32 GEMMs: they differ in the
-order of the sums only, as MKL's own kernels for different shapes do, and as vLLM's prepacked CPU GEMM
-(atom_frontends.vllm.cpu_linear) does. The native engine makes these two functions the dispatcher's "host" kernels
-of pack_linear and linear on CPU (cpu_kernels.register_host_kernels, like the vLLM frontend with vLLM's GEMM);
-ATOM_KERNEL_BACKEND=torch runs the reference (F.linear) instead. Other dtypes keep F.linear (torch already sends
-bf16 to oneDNN).
+faster at every row count a step has (measured: docs/kernels/linear.md). Both are plain float32 GEMMs: they
+differ in the order of the sums only,
+as MKL's own kernels for different shapes do, and as vLLM's prepacked CPU GEMM (atom_frontends.vllm.cpu_linear)
+does. The native engine makes these two functions the dispatcher's "host" kernels of pack_linear and linear on
+CPU (cpu_kernels.register_host_kernels, like the vLLM frontend with vLLM's GEMM); ATOM_KERNEL_BACKEND=torch runs
+the reference (F.linear) instead. Other dtypes keep F.linear (torch already sends bf16 to oneDNN).
 
 Layers keep their weight next to the packed copy: the tied LM head shares it with the embedding, and the
 reference needs it.
