@@ -12,13 +12,8 @@ batches of benchmarks/native_gpu.py --throughput as it drains) as a model step r
 launched longest first) and in batch order (no memo; the grid as now, sequences its slowest axis), as fractions
 of the copy bandwidth.
 
-Timing (gpu_times): every function is first called (compiling exactly the specialisation that is timed),
-then timed in ROUNDS rounds that interleave all functions of a shape, so a slow spell of the machine hits
-them alike. Within a round the host enqueues all reps behind a GPU sleep, so no host launch overhead is
-ever inside the CUDA events; L2 is flushed before every rep by READING a large buffer (flush_l2): a flush that
-writes (zero_) leaves L2 full of dirty lines whose write-back the next kernel pays (on the H100 a 38.5 us MoE
-layer measured 47.7 us after a writing flush). Reported: the median over all reps, and the
-spread of the per-round medians (min..max), which says how far to trust a row.
+Timing: common.gpu_times (ROUNDS interleaved rounds, reps queued behind a GPU sleep, L2 flushed before each
+launch); reported: the median over all reps, and the spread of the per-round medians (min..max).
 
     python benchmarks/attention_decode.py [--sweep] [--out FILE]
 
@@ -30,21 +25,17 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import datetime
 import functools
 import multiprocessing
 import os
 import random
-import re
-import statistics
 import sys
 import time
 import warnings
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-import triton
+from common import Report, copy_bandwidth, gpu_times, shuffled_tables, summary
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import atom_kernels
@@ -56,34 +47,6 @@ MIXED = [(256, 100), (128, 300), (64, 500), (32, 800)]  # (batch, shortest conte
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 16, 8, 128, 16
 ROUNDS, REPS = 5, 30  # main rows: 150 timed launches each
 SWEEP_ROUNDS, SWEEP_REPS = 2, 10
-FLUSH_BYTES = 256 << 20  # > 5x the H100's 50 MB L2
-
-
-class Report:
-    """A benchmark's output: say() prints a line and keeps it; save() writes the kept lines to the file of the
-    --out argument it adds to the parser, or to benchmarks/results/<stem>-<date>-<gpu>.txt, and says where."""
-
-    def __init__(self, stem: str, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--out", help="also write the output to this file (default: benchmarks/results/"
-                            f"{stem}-<date>-<gpu>.txt)")
-        self.stem, self.lines = stem, []
-
-    def say(self, s: str = "") -> None:
-        print(s, flush=True)
-        self.lines.append(s)
-
-    def save(self, out: str | None) -> Path:
-        slug = re.sub(r"[^A-Za-z0-9]+", "-", torch.cuda.get_device_name()).strip("-")
-        path = Path(out or Path(__file__).parent / "results" / f"{self.stem}-{datetime.date.today()}-{slug}.txt")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("\n".join(self.lines) + "\n")
-        print(f"saved {path}")
-        return path
-
-
-def flush_l2(buf: torch.Tensor) -> None:
-    """Evict L2 by reading buf (clean lines: nothing for the timed kernel to write back)."""
-    buf.sum(dtype=torch.int32)
 FP8 = torch.float8_e4m3fn
 
 # --sweep grid per cache dtype: (block_n, num_warps, num_stages, v_regs, f16_dots[, maxnreg]). The former fp8
@@ -123,70 +86,6 @@ def paged_inputs(b: int, seq: int, g: torch.Generator):
     return k, v, caches[0], caches[1], tables
 
 
-def gpu_times(fns: dict, rounds: int = ROUNDS, reps: int = REPS) -> tuple[dict, dict]:
-    """(name → GPU milliseconds of every timed launch, name → error of the functions that raised, e.g. out of
-    shared memory); see the module docstring for the method."""
-    live, failed = {}, {}
-    for name, fn in fns.items():
-        try:
-            fn()
-            fn()
-            torch.cuda.synchronize()
-            live[name] = fn
-        except Exception as e:  # noqa: BLE001 - reported by the caller
-            failed[name] = type(e).__name__
-    flush = torch.empty(FLUSH_BYTES, dtype=torch.int8, device="cuda")
-    host_s = {}  # host seconds of one rep (flush + launch): sizes the GPU sleep the reps queue up behind
-    for name, fn in live.items():
-        t = time.perf_counter()
-        for _ in range(3):
-            flush_l2(flush)
-            fn()
-        host_s[name] = (time.perf_counter() - t) / 3
-    torch.cuda.synchronize()
-    times: dict[str, list[float]] = {name: [] for name in live}
-    names = list(live)
-    for r in range(rounds):
-        order = names[r % len(names):] + names[:r % len(names)] if names else []
-        for name in order:
-            fn = live[name]
-            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                      for _ in range(reps)]
-            torch.cuda._sleep(int(sleep_rate() * (2 * reps * host_s[name] + 1e-3)))
-            gate = torch.cuda.Event()
-            gate.record()
-            for start, end in events:
-                flush_l2(flush)
-                start.record()
-                fn()
-                end.record()
-            if gate.query():  # the GPU caught up with the host: launch gaps may be inside the events
-                host_s[name] *= 4
-                print(f"  (host-bound round for {name}: sleeping longer from now on)", flush=True)
-            torch.cuda.synchronize()
-            times[name].extend(s.elapsed_time(e) for s, e in events)
-    return times, failed
-
-
-@functools.cache
-def sleep_rate() -> float:
-    """torch.cuda._sleep cycles per second on this GPU."""
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(1_000_000)
-    a.record()
-    torch.cuda._sleep(20_000_000)
-    b.record()
-    torch.cuda.synchronize()
-    return 20_000_000 / (a.elapsed_time(b) * 1e-3)
-
-
-def summary(ts: list, rounds: int) -> tuple[float, float, float]:
-    """(median ms, min and max of the per-round medians)."""
-    per = len(ts) // rounds
-    meds = [statistics.median(ts[i * per:(i + 1) * per]) for i in range(rounds)]
-    return statistics.median(ts), min(meds), max(meds)
-
-
 def ours(q, kc, vc, tables, seq_lens, qsl, seq, scales=(None, None), memo=True):
     """Our decode through the public op (dispatcher, checks, decode_config: what a model step runs), with a step
     memo as a model step has (decode_order made once, as a step's first layer does); memo=False: batch order."""
@@ -196,19 +95,6 @@ def ours(q, kc, vc, tables, seq_lens, qsl, seq, scales=(None, None), memo=True):
     return lambda: atom_kernels.paged_attention(q, kc, vc, tables, seq_lens, qsl, HEAD_DIM**-0.5,
                                                 k_scale=scales[0], v_scale=scales[1], out=out, plan_cache=plan_cache,
                                                 **hints)
-
-
-def shuffled_tables(lens: list[int], g: torch.Generator) -> tuple[torch.Tensor, int]:
-    """Block tables [len(lens), max blocks] (int32, on the GPU) over shuffled blocks of BLOCK tokens for sequences
-    of the given lengths, and the number of blocks they use."""
-    blocks = [-(-n // BLOCK) for n in lens]
-    perm = torch.randperm(sum(blocks), device="cuda", generator=g).to(torch.int32)
-    tables = torch.zeros(len(lens), max(blocks), dtype=torch.int32, device="cuda")
-    start = 0
-    for i, n in enumerate(blocks):
-        tables[i, :n] = perm[start:start + n]
-        start += n
-    return tables, sum(blocks)
 
 
 def mixed_inputs(lens: list[int], g: torch.Generator, dtype=torch.bfloat16):
@@ -235,7 +121,7 @@ def mixed_rows(g: torch.Generator, say, bw: float) -> list[tuple]:
                "batch order": ours(q, kc, vc, tables, seq_lens, qsl, max(lens), memo=False)}
         outs = [fn().clone() for fn in fns.values()]
         assert torch.equal(outs[0], outs[1]), "the launch order changed the result"
-        timed, failed = gpu_times(fns)
+        timed, failed = gpu_times(fns, ROUNDS, REPS)
         assert not failed, failed
         kv_bytes = sum(lens) * KV_HEADS * HEAD_DIM * 2 * 2
         t = {n: summary(ts, ROUNDS)[0] for n, ts in timed.items()}
@@ -244,14 +130,6 @@ def mixed_rows(g: torch.Generator, say, bw: float) -> list[tuple]:
         del kc, vc
         torch.cuda.empty_cache()
     return rows
-
-
-def copy_bandwidth() -> float:
-    """Device copy bandwidth in bytes/s, counting read + write (2 GiB each way)."""
-    src = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    times, _ = gpu_times({"copy": lambda: dst.copy_(src)}, 3, 10)
-    return 2 * src.numel() / (summary(times["copy"], 3)[0] * 1e-3)
 
 
 def sdpa_variants(q, k, v):
@@ -367,8 +245,7 @@ def main() -> None:
     report = Report("attention_decode", parser)
     say = report.say
     args = parser.parse_args()
-    gpu, versions = torch.cuda.get_device_name(), f"torch {torch.__version__}, triton {triton.__version__}"
-    say(f"attention_decode {datetime.date.today()} {gpu}, {versions}")
+    say(report.header())
     say(f"heads {HEADS}/{KV_HEADS}, head_dim {HEAD_DIM}, bf16 queries, paged block size {BLOCK}; "
         f"median of {ROUNDS} interleaved rounds x {REPS} launches, L2 flushed before each")
     if args.sweep:
@@ -391,7 +268,7 @@ def main() -> None:
             warnings.simplefilter("ignore")
             peers = sdpa_variants(q, k, v)
             fns = {"ours (paged, bf16 KV)": fn, "ours (paged, fp8 KV)": fn8} | {n: f for n, (f, _) in peers.items()}
-            timed, failed = gpu_times(fns)
+            timed, failed = gpu_times(fns, ROUNDS, REPS)
         assert not failed, failed
         times = {n: summary(ts, ROUNDS) for n, ts in timed.items()}
         mult = {n: m for n, (_, m) in peers.items()} | {"ours (paged, bf16 KV)": 1, "ours (paged, fp8 KV)": 0.5}

@@ -15,7 +15,7 @@ with the head shapes of Qwen3-0.6B (16 query / 8 KV heads) and Llama-3-8B (32 / 
   new token i sees the prefix and new tokens <= i, as ours does.
 FLOPs = 4 * heads * head_dim * (keys each query sees, summed): the causal work, the same for every variant.
 Every variant's output is checked against float32 math SDPA on the same values (max abs error printed).
-Timing: attention_decode.gpu_times (interleaved rounds, L2 flushed before each launch, no host time inside).
+Timing: common.gpu_times (interleaved rounds, L2 flushed before each launch, no host time inside).
 A tile sweep of our kernel per shape follows (--no-sweep to skip); the default config is marked.
 
     python benchmarks/attention_prefill.py [--no-sweep] [--out FILE]
@@ -24,7 +24,6 @@ A tile sweep of our kernel per shape follows (--no-sweep to skip); the default c
 from __future__ import annotations
 
 import argparse
-import datetime
 import functools
 import sys
 import warnings
@@ -33,7 +32,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-from attention_decode import Report, gpu_times, summary  # same timing method (benchmarks/ is on sys.path)
+from common import Report, gpu_times, summary
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
@@ -187,7 +186,7 @@ def run_shape(model, n, new, cached, g, sweep, say) -> tuple:
         got = got.view(n, new, heads, HEAD_DIM).transpose(1, 2) if got.dim() == 3 else got
         errs[name] = (got.float() - want).abs().max().item()
     del want
-    timed, failed = gpu_times(fns)
+    timed, failed = gpu_times(fns, ROUNDS, REPS)
     work = flops(n, new, cached, heads)
     tflops = {name: work / (summary(ts, ROUNDS)[0] * 1e-3) / 1e12 for name, ts in timed.items()}
     title = f"{n} x {new}" + (f" over {cached} cached" if cached else "")
@@ -238,8 +237,7 @@ def main() -> None:
     report = Report("attention_prefill", parser)
     say = report.say
     args = parser.parse_args()
-    gpu = torch.cuda.get_device_name()
-    say(f"attention_prefill {datetime.date.today()} {gpu}, torch {torch.__version__}, triton {triton.__version__}")
+    say(report.header())
     say(f"head_dim {HEAD_DIM}, bf16, paged block size {BLOCK}; median of {ROUNDS} interleaved rounds x {REPS} "
         f"launches, L2 flushed before each")
     g = torch.Generator(device="cuda").manual_seed(0)

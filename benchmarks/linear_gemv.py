@@ -24,8 +24,7 @@ import statistics
 
 import torch
 import torch.nn.functional as F
-from attention_decode import Report, gpu_times, summary
-from mla_decode import copy_bandwidth
+from common import Report, copy_bandwidth, gpu_times, summary
 
 from atom_kernels.triton.linear import gemv, gemv_config
 

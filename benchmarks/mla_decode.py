@@ -24,23 +24,20 @@ the decode kernel's prefetch / f8_bits switches) per case, to tune mla_decode_co
 many minutes). --quick: the 64 x 4096 case only and a small grid around the current configs (~70 kernels,
 about 2 minutes), every config listed fastest first per heads and cache dtype.
 
-Timing: attention_decode.gpu_times (interleaved rounds, L2 flushed before each launch, reps queued behind a
+Timing: common.gpu_times (interleaved rounds, L2 flushed before each launch, reps queued behind a
 GPU sleep); median of all reps.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import functools
 import random
 import sys
 
 import torch
 import triton
-
-# same timing method (benchmarks/ is on sys.path)
-from attention_decode import Report, copy_bandwidth, gpu_times, shuffled_tables, summary
+from common import Report, copy_bandwidth, gpu_times, shuffled_tables, summary
 
 import atom_kernels
 from atom_kernels import reference
@@ -208,8 +205,7 @@ def main() -> int:
     report = Report("mla_decode", parser)
     say = report.say
     args = parser.parse_args()
-    gpu = torch.cuda.get_device_name()
-    say(f"mla_decode {datetime.date.today()} {gpu}, torch {torch.__version__}, triton {triton.__version__}")
+    say(report.header())
     say(f"latent {R} + {ROPE}, block size {BLOCK} (shuffled), bf16 queries; median of {ROUNDS} interleaved rounds "
         f"x {REPS} launches, L2 flushed before each")
     copy_bw = copy_bandwidth()

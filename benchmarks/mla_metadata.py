@@ -16,13 +16,11 @@ batch's positions into a persistent buffer. Ratio (rebuilt / persistent) last.
 from __future__ import annotations
 
 import argparse
-import datetime
 import sys
 import time
 
 import torch
-import triton
-from attention_decode import Report  # benchmarks/ is on sys.path
+from common import Report
 
 from atom_kernels.reference.mla import MLA_BUFFERS_KEY, mla_decode_buffers, mla_decode_metadata
 
@@ -75,8 +73,7 @@ def main() -> int:
     report = Report("mla_metadata", parser)
     say = report.say
     args = parser.parse_args()
-    gpu = torch.cuda.get_device_name()
-    say(f"mla_metadata {datetime.date.today()} {gpu}, torch {torch.__version__}, triton {triton.__version__}")
+    say(report.header())
     say(f"block size {BLOCK}, table width {WIDTH}, context 1..4096; host: {HOST_STEPS} builds, GPU: {GPU_STEPS}")
     g = torch.Generator().manual_seed(0)
     buffers = mla_decode_buffers(MAX_SEQS, WIDTH, DEVICE)

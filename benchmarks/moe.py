@@ -15,7 +15,7 @@ Rows:
   hf block eager / grouped_mm Qwen3MoeSparseMoeBlock.forward (router + experts)
 Bandwidth: bytes of the expert weights the routing touches (experts hit x 3 x H x I x 2 bytes) / our time, as a
 fraction of the device's copy bandwidth measured in the same run (a 2 GiB device-to-device copy, counted as
-read + write bytes, i.e. DRAM traffic). TFLOP/s: 2 * T * K * 3 * H * I / time. Timing: attention_decode's
+read + write bytes, i.e. DRAM traffic). TFLOP/s: 2 * T * K * 3 * H * I / time. Timing: common's
 gpu_times (CUDA events, a warm-up call, interleaved rounds, L2 flushed by a read before each launch, median);
 implementations that sync the host (reference, hf eager) are timed by the wall clock between syncs instead
 (their times include those syncs). Goals: >= 0.6 of copy bandwidth at 1 and 32 tokens, >= 300 TFLOP/s at 4096.
@@ -30,20 +30,13 @@ and stops on a mismatch. --sweep also times a few other tile configs per token c
 from __future__ import annotations
 
 import argparse
-import datetime
 import sys
 import time
 import warnings
 
 import torch
 import transformers
-import triton
-from attention_decode import (  # same timing method; benchmarks/ is on sys.path
-    Report,
-    flush_l2,
-    gpu_times,
-    summary,
-)
+from common import COPY_BYTES, FLUSH_BYTES, Report, copy_bandwidth, flush_l2, gpu_times, summary
 from transformers.models.qwen3_moe import modeling_qwen3_moe as qm
 
 from atom_kernels import reference
@@ -52,7 +45,6 @@ from atom_kernels.triton.moe import fused_moe, moe_config
 H, E, K, INTER = 2048, 128, 8, 768
 TOKENS = (1, 32, 256, 4096)
 ROUNDS, REPS = 5, 20
-COPY_BYTES = 2 << 30
 SWEEP = [  # (block_m, up: (BLOCK_N, BLOCK_K, warps, stages), down: (...))
     (16, (64, 128, 4, 4), (64, 128, 4, 4)),
     (16, (32, 256, 4, 3), (64, 256, 4, 3)),
@@ -148,7 +140,7 @@ HOST_SYNCING = ("torch reference", "hf experts eager", "hf block eager")  # they
 def wall_times(fn, rounds: int = ROUNDS, reps: int = 3) -> list[float]:
     """Milliseconds per call, wall clock between syncs (L2 flushed before each round, not each call)."""
     fn()
-    flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+    flush = torch.empty(FLUSH_BYTES, dtype=torch.int8, device="cuda")
     times = []
     for _ in range(rounds):
         flush_l2(flush)
@@ -159,14 +151,6 @@ def wall_times(fn, rounds: int = ROUNDS, reps: int = 3) -> list[float]:
         torch.cuda.synchronize()
         times.extend([(time.perf_counter() - t) * 1e3 / reps] * reps)
     return times
-
-
-def copy_bandwidth() -> float:
-    """Device copy bandwidth in bytes/s, counting read + write."""
-    src = torch.empty(COPY_BYTES, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    times, _ = gpu_times({"copy": lambda: dst.copy_(src)}, 3, 10)
-    return 2 * COPY_BYTES / (summary(times["copy"], 3)[0] * 1e-3)
 
 
 def kernel_profile(fn, reps: int = 20) -> list[tuple[str, float]]:
@@ -205,9 +189,7 @@ def main() -> int:
     say = report.say
     args = parser.parse_args()
     warnings.filterwarnings("ignore")  # transformers warns that a standalone block has no experts implementation
-    gpu = torch.cuda.get_device_name()
-    say(f"moe {datetime.date.today()} {gpu}, torch {torch.__version__}, triton {triton.__version__}, "
-        f"transformers {transformers.__version__}")
+    say(f"{report.header()}, transformers {transformers.__version__}")
     say(f"Qwen3-30B-A3B-shaped layer: hidden {H}, {E} experts, top-{K}, expert intermediate {INTER}, bf16; "
         f"median of {ROUNDS} rounds x {REPS} launches, L2 flushed before each")
     block = make_block()

@@ -16,6 +16,7 @@ import tempfile
 import time
 
 import torch
+from common import SMALL_QWEN3, add_batch_args, random_prompts, ratio_line, small_checkpoint
 
 
 def bench_hf(path, prompts, new_tokens):
@@ -49,19 +50,12 @@ def bench_native(path, prompts, new_tokens):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--prompt-len", type=int, default=64)
-    ap.add_argument("--new-tokens", type=int, default=64)
+    add_batch_args(ap)
     args = ap.parse_args()
     torch.set_num_threads(max(torch.get_num_threads(), 1))
-    from atom_frontends.native.demo import build_checkpoint
-
     with tempfile.TemporaryDirectory() as tmp:
-        path = str(build_checkpoint(tmp, "Qwen3ForCausalLM", tokenizer=False, vocab_size=4096, hidden_size=256,
-                                    intermediate_size=768, num_hidden_layers=6, num_attention_heads=8,
-                                    num_key_value_heads=4, head_dim=32, max_position_embeddings=1024))
-        g = torch.Generator().manual_seed(0)
-        prompts = torch.randint(3, 4096, (args.batch, args.prompt_len), generator=g).tolist()
+        path = small_checkpoint(tmp)
+        prompts = random_prompts(args.batch, args.prompt_len, SMALL_QWEN3["vocab_size"])
         hf = bench_hf(path, prompts, args.new_tokens)
         ours, overlap = bench_native(path, prompts, args.new_tokens)
     threads = torch.get_num_threads()
@@ -71,7 +65,7 @@ def main() -> None:
     print(f"{'engine':<22}{'output tok/s':>14}")
     print(f"{'transformers generate':<22}{hf:>14.1f}")
     print(f"{'atom-core native':<22}{ours:>14.1f}")
-    print(f"ratio native/HF: {ours / hf:.2f}")
+    print(ratio_line("native/HF", ours, hf))
 
 
 if __name__ == "__main__":

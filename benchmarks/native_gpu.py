@@ -40,29 +40,24 @@ import argparse
 import datetime
 import gc
 import os
-import random
-import tempfile
 import time
 from functools import partial
-from pathlib import Path
 
 import torch
 import vllm_peer
-from mla_decode import copy_bandwidth
+from common import (
+    MAX_MODEL_LEN,
+    QWEN3_06B,
+    SHAPES,
+    copy_bandwidth,
+    offline_prompts,
+    random_prompts,
+    shaped_checkpoint,
+)
 
 from atom_kernels.triton.jit_watch import JitWatch
 
-QWEN3_06B = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
-                 num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True,
-                 max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6)
-QWEN3_30B_A3B_4L = dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
-                        num_experts=128, num_experts_per_tok=8, norm_topk_prob=True, mlp_only_layers=[],
-                        decoder_sparse_step=1, num_hidden_layers=4, num_attention_heads=32, num_key_value_heads=4,
-                        head_dim=128, tie_word_embeddings=False, max_position_embeddings=40960,
-                        rope_theta=1000000.0, rms_norm_eps=1e-6)
-SHAPES = {"qwen3-0.6b": ("Qwen3ForCausalLM", QWEN3_06B), "qwen3-30b-a3b-4l": ("Qwen3MoeForCausalLM", QWEN3_30B_A3B_4L)}
 PROMPT, NEW, PARITY_TOKENS = 128, 128, 16
-MAX_MODEL_LEN = 2048  # covers the throughput workload; also the graphs' static max_seq_len hint
 # The offline engine's token budget a step: vLLM's offline default on an H100 (its peer runs with it). Session 12
 # A/B on one H100, alternating: 16,384 gave 19,740 / 19,346 output tok/s vs 18,048 / 18,754 with 8,192 (the
 # prompts prefilled in ~10 steps instead of 19: fewer eager steps, all requests decoding sooner).
@@ -73,30 +68,12 @@ CONFIGS = (("native", True, True), ("native, no overlap", True, False),  # (name
 DEVICE = "cuda"
 
 
-def checkpoint(path: str | None, shape: str = "qwen3-0.6b") -> str:
-    """Build (once) the random-weight checkpoint; reused from the temp dir by later runs."""
-    from atom_frontends.native.demo import build_checkpoint
-
-    p = Path(path or Path(tempfile.gettempdir()) / f"atom-core-{shape}-random")
-    if not (p / "config.json").is_file():
-        t = time.perf_counter()
-        arch, cfg = SHAPES[shape]
-        build_checkpoint(p, arch, seed=0, tokenizer=False, **cfg)
-        print(f"built checkpoint {p} in {time.perf_counter() - t:.0f} s")
-    return str(p)
-
-
 def timed(fn):
     torch.cuda.synchronize()
     t = time.perf_counter()
     out = fn()
     torch.cuda.synchronize()
     return out, time.perf_counter() - t
-
-
-def prompts_for(batch: int, seed: int, vocab: int) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(3, vocab, (batch, PROMPT), generator=g).tolist()
 
 
 class GraphTimer:
@@ -270,7 +247,7 @@ def latency(path: str, configs) -> None:
         return weight_bytes - expert_bytes * (1 - touched)
     kv_per_token = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * 2
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s; weights {weight_bytes / 1e9:.3f} GB; KV {kv_per_token} B/token")
-    batches = {b: prompts_for(b, seed=b, vocab=cfg.vocab_size) for b in (1, 32)}
+    batches = {b: random_prompts(b, PROMPT, cfg.vocab_size, seed=b) for b in (1, 32)}
     hf_runs = {b: hf_decode(hf, ps) for b, ps in batches.items()}
     hf_static = {}
     for b, ps in batches.items():
@@ -324,13 +301,10 @@ def latency(path: str, configs) -> None:
 
 
 def offline_workload():
-    """The 256 requests: (prompts, sampling params, (prompt, output) lengths)."""
+    """The 256 requests (common.offline_prompts): (prompts, sampling params, (prompt, output) lengths)."""
     from atom_frontends.native import SamplingParams
 
-    rng = random.Random(0)
-    lens = [(rng.randint(100, 1024), rng.randint(100, 1024)) for _ in range(256)]
-    vocab = QWEN3_06B["vocab_size"]
-    prompts = [[rng.randrange(3, vocab) for _ in range(p)] for p, _ in lens]
+    prompts, lens = offline_prompts(QWEN3_06B["vocab_size"])
     params = [SamplingParams(temperature=1.0, top_p=1.0, max_tokens=o, ignore_eos=True) for _, o in lens]
     return prompts, params, lens
 
@@ -423,7 +397,7 @@ def profile(path: str) -> None:
     vocab = QWEN3_06B["vocab_size"]  # both shapes share it
     params = SamplingParams(temperature=0, max_tokens=33, ignore_eos=True)
     for b in (1, 32):
-        prompts = prompts_for(b, seed=b, vocab=vocab)
+        prompts = random_prompts(b, PROMPT, vocab, seed=b)
         llm.generate(prompts, params, use_tqdm=False)
         print(profile_call(partial(llm.generate, prompts, params, use_tqdm=False), f"33-token batch-{b} generate"))
 
@@ -439,7 +413,7 @@ def main() -> None:
     ap.add_argument("--kv-cache-dtype", choices=["auto", "fp8"], default="auto", help="--throughput's KV cache")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
-    path = checkpoint(args.checkpoint, args.shape)
+    path = shaped_checkpoint(args.checkpoint, args.shape)
     print(f"{datetime.date.today()} {torch.cuda.get_device_name()} torch {torch.__version__}; "
           f"{args.shape}-shaped random checkpoint, bf16")
     overlaps = {"both": (True, False), "on": (True,), "off": (False,)}[args.overlap]

@@ -27,10 +27,10 @@ import tempfile
 import time
 import urllib.request
 
+from common import SMALL_QWEN3, random_prompts
+
 # vocab_size = the byte-level tokenizer's 259 tokens, so both servers can decode every id
-CHECKPOINT = dict(vocab_size=259, hidden_size=256, intermediate_size=768, num_hidden_layers=6,
-                  num_attention_heads=8, num_key_value_heads=4, head_dim=32, max_position_embeddings=1024,
-                  tie_word_embeddings=False)
+CHECKPOINT = dict(SMALL_QWEN3, vocab_size=259)
 NAME = "bench"
 
 
@@ -125,12 +125,9 @@ def main() -> None:
     ap.add_argument("--keep", metavar="DIR", help="keep the checkpoint, the servers' logs and texts (texts.json) here")
     args = ap.parse_args()
 
-    import torch
-
     from atom_frontends.native.demo import build_checkpoint
 
-    g = torch.Generator().manual_seed(0)
-    prompts = torch.randint(3, CHECKPOINT["vocab_size"], (args.requests, args.prompt_len), generator=g).tolist()
+    prompts = random_prompts(args.requests, args.prompt_len, CHECKPOINT["vocab_size"])
     atom = shutil.which("atom-core") or os.path.join(os.path.dirname(sys.executable), "atom-core")
     seqs, max_len = str(args.concurrency), str(args.prompt_len + args.max_tokens + 16)
     with tempfile.TemporaryDirectory() as tmp:

@@ -23,9 +23,8 @@ import sys
 import tempfile
 import time
 
-CHECKPOINT = dict(vocab_size=4096, hidden_size=256, intermediate_size=768, num_hidden_layers=6,
-                  num_attention_heads=8, num_key_value_heads=4, head_dim=32, max_position_embeddings=1024,
-                  tie_word_embeddings=False)
+from common import SMALL_QWEN3, add_batch_args, random_prompts, ratio_line, small_checkpoint
+
 SIDES = {  # name → (use atom-core's model package, attention backend)
     "atom": (True, "atom"),
     "atom+native": (True, "torch_native"),
@@ -40,10 +39,8 @@ def worker(path: str, side: str, batch: int, prompt_len: int, new_tokens: int, r
     """One side, in this process: start the engine, warm up, time `repeats` generates of the whole
     batch and keep the fastest (the machine may be shared)."""
     import sglang
-    import torch
 
-    g = torch.Generator().manual_seed(0)
-    prompts = torch.randint(3, CHECKPOINT["vocab_size"], (batch, prompt_len), generator=g).tolist()
+    prompts = random_prompts(batch, prompt_len, SMALL_QWEN3["vocab_size"])
     t0 = time.perf_counter()
     engine = sglang.Engine(model_path=path, device="cpu", dtype="float32", attention_backend=SIDES[side][1],
                            skip_tokenizer_init=True, disable_cuda_graph=True, disable_radix_cache=True,
@@ -92,9 +89,7 @@ def _reason(log: str, code: int) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--prompt-len", type=int, default=64)
-    ap.add_argument("--new-tokens", type=int, default=64)
+    add_batch_args(ap)
     ap.add_argument("--repeats", type=int, default=3, help="timed generates per side; the fastest counts")
     ap.add_argument("--worker", choices=list(SIDES), help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
@@ -106,12 +101,10 @@ def main() -> None:
             json.dump(result, f)
         return
 
-    from atom_frontends.native.demo import build_checkpoint
-
     with tempfile.TemporaryDirectory() as tmp:
-        path = str(build_checkpoint(tmp, "Qwen3ForCausalLM", tokenizer=False, **CHECKPOINT))
+        path = small_checkpoint(tmp)
         print(f"batch={args.batch} prompt_len={args.prompt_len} new_tokens={args.new_tokens} "
-              f"(Qwen3 {CHECKPOINT['num_hidden_layers']}x{CHECKPOINT['hidden_size']}, float32, CPU)")
+              f"(Qwen3 {SMALL_QWEN3['num_hidden_layers']}x{SMALL_QWEN3['hidden_size']}, float32, CPU)")
         results: dict[str, dict] = {}
         for side in SIDES:
             result, why = run_side(path, side, args)
@@ -129,7 +122,7 @@ def main() -> None:
     peer = "sglang" if "sglang" in results else "atom+native"
     if peer not in results:
         raise SystemExit("no peer ran in this run")
-    print(f"ratio atom / {peer}: {results['atom']['tok_s'] / results[peer]['tok_s']:.2f}x")
+    print(ratio_line(f"atom / {peer}", results["atom"]["tok_s"], results[peer]["tok_s"], "x"))
 
 
 if __name__ == "__main__":

@@ -12,13 +12,13 @@ in-process engine and its own Qwen3 (ATOM_DISABLE_VLLM_PLUGIN=1), compiled with 
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 
 def available() -> bool:
@@ -36,10 +36,10 @@ def offline_tok_s(path: str, kv_cache_dtype: str) -> float:
 
 
 def worker(path: str, kv_cache_dtype: str) -> dict:
-    from native_gpu import MAX_MODEL_LEN, offline_workload
+    from common import MAX_MODEL_LEN, QWEN3_06B, offline_prompts
     from vllm import LLM, SamplingParams
 
-    prompts, _, lens = offline_workload()
+    prompts, lens = offline_prompts(QWEN3_06B["vocab_size"])
     llm = LLM(model=path, dtype="bfloat16", skip_tokenizer_init=True, max_model_len=MAX_MODEL_LEN, seed=0,
               kv_cache_dtype=kv_cache_dtype)
     sched = llm.llm_engine.vllm_config.scheduler_config
@@ -57,6 +57,13 @@ def worker(path: str, kv_cache_dtype: str) -> dict:
     return {"tok_s": produced / elapsed}
 
 
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("checkpoint", help="the checkpoint native_gpu.py built")
+    ap.add_argument("kv_cache_dtype", nargs="?", choices=["auto", "fp8"], default="auto")
+    args = ap.parse_args()
+    print(json.dumps(worker(args.checkpoint, args.kv_cache_dtype)))
+
+
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).parent))
-    print(json.dumps(worker(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "auto")))
+    main()

@@ -25,9 +25,7 @@ import sys
 import tempfile
 import time
 
-CHECKPOINT = dict(vocab_size=4096, hidden_size=256, intermediate_size=768, num_hidden_layers=6,
-                  num_attention_heads=8, num_key_value_heads=4, head_dim=32, max_position_embeddings=1024,
-                  tie_word_embeddings=False)
+from common import SMALL_QWEN3, add_batch_args, random_prompts, ratio_line, small_checkpoint
 
 
 def profile_generate(llm, requests, params) -> str:
@@ -48,11 +46,9 @@ def worker(path: str, batch: int, prompt_len: int, new_tokens: int, generates: i
     """One side, in this process: build the engine, warm up, time `generates` generates of the whole batch
     and keep the fastest (each takes well under a second on an idle machine; load from elsewhere only adds
     time, and vLLM's OpenMP threads, bound to every core, stall whenever another process takes one)."""
-    import torch
     from vllm import LLM, SamplingParams
 
-    g = torch.Generator().manual_seed(0)
-    prompts = torch.randint(3, CHECKPOINT["vocab_size"], (batch, prompt_len), generator=g).tolist()
+    prompts = random_prompts(batch, prompt_len, SMALL_QWEN3["vocab_size"])
     t0 = time.perf_counter()
     llm = LLM(model=path, dtype="float32", skip_tokenizer_init=True, max_model_len=prompt_len + new_tokens + 8,
               max_num_seqs=batch, enable_prefix_caching=False, seed=0)
@@ -94,9 +90,7 @@ def run_side(path: str, args: argparse.Namespace, disable_plugin: bool, profile:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--prompt-len", type=int, default=64)
-    ap.add_argument("--new-tokens", type=int, default=64)
+    add_batch_args(ap)
     ap.add_argument("--runs", type=int, default=3, help="runs of each side, alternating; medians count")
     ap.add_argument("--generates", type=int, default=5, help="timed generates per run; each run keeps its fastest")
     ap.add_argument("--profile", action="store_true", help="profile one more generate in each side's first run")
@@ -106,11 +100,9 @@ def main() -> None:
         result = worker(args.worker, args.batch, args.prompt_len, args.new_tokens, args.generates, args.profile)
         print(json.dumps(result))
         return
-    from atom_frontends.native.demo import build_checkpoint
-
     own_runs, our_runs = [], []
     with tempfile.TemporaryDirectory() as tmp:
-        path = str(build_checkpoint(tmp, "Qwen3ForCausalLM", tokenizer=False, **CHECKPOINT))
+        path = small_checkpoint(tmp)
         for i in range(args.runs):  # alternating, so that load from elsewhere hits both sides alike
             own_runs.append(run_side(path, args, disable_plugin=True, profile=args.profile and i == 0))
             our_runs.append(run_side(path, args, disable_plugin=False, profile=args.profile and i == 0))
@@ -129,7 +121,7 @@ def main() -> None:
         each = ", ".join(f"{r['tok_s']:.0f}" for r in runs)
         cpu = statistics.median(r["tok_cpu_s"] for r in runs)
         print(f"{name:<18}{median:>22.1f}  {each:<24}{cpu:>10.0f}{runs[0]['startup_s']:>10.1f}  {runs[0]['model']}")
-    print(f"ratio atom-core/vLLM: {our_tok_s / own_tok_s:.2f}")
+    print(ratio_line("atom-core/vLLM", our_tok_s, own_tok_s))
 
 
 if __name__ == "__main__":

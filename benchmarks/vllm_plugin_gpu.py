@@ -21,7 +21,6 @@ import argparse
 import datetime
 import json
 import os
-import random
 import statistics
 import subprocess
 import sys
@@ -29,18 +28,19 @@ import time
 from functools import partial
 from pathlib import Path
 
+from common import MAX_MODEL_LEN, Report, offline_lengths, shaped_checkpoint
+
 ROWS = ("batch1", "batch32", "offline")
 PROMPT, NEW = 128, 128
 
 
 def workloads(vocab: int) -> dict[str, tuple[list[list[int]], list[int], float]]:
     """row → (prompts, max_tokens per prompt, temperature)."""
-    rng = random.Random(0)
+    rng, offline_lens = offline_lengths()  # then the rows' prompts, in this order, from the same generator
 
     def prompt(n: int) -> list[int]:
         return [rng.randrange(3, vocab) for _ in range(n)]
 
-    offline_lens = [(rng.randint(100, 1024), rng.randint(100, 1024)) for _ in range(256)]
     return {
         "batch1": ([prompt(PROMPT)], [NEW], 0.0),
         "batch32": ([prompt(PROMPT) for _ in range(32)], [NEW] * 32, 0.0),
@@ -90,7 +90,7 @@ def worker(path: str, rows: list[str], profile: bool = False, repeats: int = 1) 
 
     vocab = json.loads((Path(path) / "config.json").read_text())["vocab_size"]
     t0 = time.perf_counter()
-    llm = LLM(model=path, dtype="bfloat16", skip_tokenizer_init=True, max_model_len=2048, seed=0)
+    llm = LLM(model=path, dtype="bfloat16", skip_tokenizer_init=True, max_model_len=MAX_MODEL_LEN, seed=0)
     result = {"startup_s": time.perf_counter() - t0}
     for row in rows:
         requests, params = requests_and_params(vocab, row)
@@ -134,9 +134,6 @@ def run_side(path: str, rows: list[str], own: bool, profile: bool, repeats: int 
 
 
 def main() -> None:
-    sys.path.insert(0, str(Path(__file__).parent))
-    from attention_decode import Report
-
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--checkpoint", help="checkpoint dir (built once into the temp dir when absent)")
     ap.add_argument("--rows", default=",".join(ROWS))
@@ -153,9 +150,8 @@ def main() -> None:
         print(json.dumps(worker(args.worker, rows, args.profile, args.repeats)))
         return
     import torch
-    from native_gpu import checkpoint
 
-    path = checkpoint(args.checkpoint)
+    path = shaped_checkpoint(args.checkpoint)
     if args.only_ours:  # a profile of our side alone
         print(run_side(path, rows, own=False, profile=True).get("profile"))
         return

@@ -1,0 +1,229 @@
+"""What the benchmarks share: the GPU timing method, the results report, the device copy bandwidth, paged block
+tables, the random-weight checkpoints and workloads, the workload flags and the ratio line.
+
+Every script runs as `python benchmarks/NAME.py`, which puts benchmarks/ on sys.path, so `import common` works.
+
+GPU timing (gpu_times): every function is first called (compiling exactly the specialisation that is timed),
+then timed in `rounds` rounds that interleave all functions of a shape, so a slow spell of the machine hits
+them alike. Within a round the host enqueues all reps behind a GPU sleep, so no host launch overhead is ever
+inside the CUDA events; L2 is flushed before every rep by READING a large buffer (flush_l2): a flush that writes
+(zero_) leaves L2 full of dirty lines whose write-back the next kernel pays (on the H100 a 38.5 us MoE layer
+measured 47.7 us after a writing flush). Reported (summary): the median over all reps, and the spread of the
+per-round medians (min..max), which says how far to trust a row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import random
+import re
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+FLUSH_BYTES = 256 << 20  # > 5x the H100's 50 MB L2
+COPY_BYTES = 2 << 30  # each way, for copy_bandwidth
+RESULTS = Path(__file__).parent / "results"
+
+# Qwen3-shaped random checkpoints. SMALL: the CPU benchmarks' (hidden 256, 6 layers, vocab 4096, float32 there).
+SMALL_QWEN3 = dict(vocab_size=4096, hidden_size=256, intermediate_size=768, num_hidden_layers=6,
+                   num_attention_heads=8, num_key_value_heads=4, head_dim=32, max_position_embeddings=1024,
+                   tie_word_embeddings=False)
+QWEN3_06B = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                 num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True,
+                 max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6)
+QWEN3_30B_A3B_4L = dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+                        num_experts=128, num_experts_per_tok=8, norm_topk_prob=True, mlp_only_layers=[],
+                        decoder_sparse_step=1, num_hidden_layers=4, num_attention_heads=32, num_key_value_heads=4,
+                        head_dim=128, tie_word_embeddings=False, max_position_embeddings=40960,
+                        rope_theta=1000000.0, rms_norm_eps=1e-6)
+SHAPES = {"qwen3-0.6b": ("Qwen3ForCausalLM", QWEN3_06B), "qwen3-30b-a3b-4l": ("Qwen3MoeForCausalLM", QWEN3_30B_A3B_4L)}
+# The offline workload (native_gpu.py --throughput, vllm_peer.py, vllm_plugin_gpu.py's offline row): 256 requests,
+# prompt and output lengths uniform in [100, 1024]; MAX_MODEL_LEN covers it.
+OFFLINE_REQUESTS, OFFLINE_MIN, OFFLINE_MAX = 256, 100, 1024
+MAX_MODEL_LEN = 2048
+
+
+# ---- results -------------------------------------------------------------------------------------------------
+
+class Report:
+    """A benchmark's output: say() prints a line and keeps it; save() writes the kept lines to the file of the
+    --out argument it adds to the parser, or to benchmarks/results/<stem>-<date>-<gpu>.txt, and says where."""
+
+    def __init__(self, stem: str, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--out", help="also write the output to this file (default: benchmarks/results/"
+                            f"{stem}-<date>-<gpu>.txt)")
+        self.stem, self.lines = stem, []
+
+    def header(self) -> str:
+        """The first line of a kernel benchmark's output: its name, the date, the GPU, torch's and triton's versions."""
+        import triton
+
+        return (f"{self.stem} {datetime.date.today()} {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+                f"triton {triton.__version__}")
+
+    def say(self, s: str = "") -> None:
+        print(s, flush=True)
+        self.lines.append(s)
+
+    def save(self, out: str | None) -> Path:
+        slug = re.sub(r"[^A-Za-z0-9]+", "-", torch.cuda.get_device_name()).strip("-")
+        path = Path(out or RESULTS / f"{self.stem}-{datetime.date.today()}-{slug}.txt")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("\n".join(self.lines) + "\n")
+        print(f"saved {path}")
+        return path
+
+
+def ratio_line(label: str, ours: float, peer: float, suffix: str = "") -> str:
+    """The line every benchmark ends with: `ratio LABEL: ours / peer` (2 decimals)."""
+    return f"ratio {label}: {ours / peer:.2f}{suffix}"
+
+
+# ---- GPU timing ----------------------------------------------------------------------------------------------
+
+def flush_l2(buf: torch.Tensor) -> None:
+    """Evict L2 by reading buf (clean lines: nothing for the timed kernel to write back)."""
+    buf.sum(dtype=torch.int32)
+
+
+def gpu_times(fns: dict, rounds: int, reps: int) -> tuple[dict, dict]:
+    """(name → GPU milliseconds of every timed launch, name → error of the functions that raised, e.g. out of
+    shared memory); the method: this module's docstring."""
+    live, failed = {}, {}
+    for name, fn in fns.items():
+        try:
+            fn()
+            fn()
+            torch.cuda.synchronize()
+            live[name] = fn
+        except Exception as e:  # noqa: BLE001 - reported by the caller
+            failed[name] = type(e).__name__
+    flush = torch.empty(FLUSH_BYTES, dtype=torch.int8, device="cuda")
+    host_s = {}  # host seconds of one rep (flush + launch): sizes the GPU sleep the reps queue up behind
+    for name, fn in live.items():
+        t = time.perf_counter()
+        for _ in range(3):
+            flush_l2(flush)
+            fn()
+        host_s[name] = (time.perf_counter() - t) / 3
+    torch.cuda.synchronize()
+    times: dict[str, list[float]] = {name: [] for name in live}
+    names = list(live)
+    for r in range(rounds):
+        order = names[r % len(names):] + names[:r % len(names)] if names else []
+        for name in order:
+            fn = live[name]
+            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                      for _ in range(reps)]
+            torch.cuda._sleep(int(sleep_rate() * (2 * reps * host_s[name] + 1e-3)))
+            gate = torch.cuda.Event()
+            gate.record()
+            for start, end in events:
+                flush_l2(flush)
+                start.record()
+                fn()
+                end.record()
+            if gate.query():  # the GPU caught up with the host: launch gaps may be inside the events
+                host_s[name] *= 4
+                print(f"  (host-bound round for {name}: sleeping longer from now on)", flush=True)
+            torch.cuda.synchronize()
+            times[name].extend(s.elapsed_time(e) for s, e in events)
+    return times, failed
+
+
+@functools.cache
+def sleep_rate() -> float:
+    """torch.cuda._sleep cycles per second on this GPU."""
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(1_000_000)
+    a.record()
+    torch.cuda._sleep(20_000_000)
+    b.record()
+    torch.cuda.synchronize()
+    return 20_000_000 / (a.elapsed_time(b) * 1e-3)
+
+
+def summary(ts: list, rounds: int) -> tuple[float, float, float]:
+    """(median ms, min and max of the per-round medians)."""
+    per = len(ts) // rounds
+    meds = [statistics.median(ts[i * per:(i + 1) * per]) for i in range(rounds)]
+    return statistics.median(ts), min(meds), max(meds)
+
+
+def copy_bandwidth() -> float:
+    """Device copy bandwidth in bytes/s, counting read + write (COPY_BYTES each way)."""
+    src = torch.empty(COPY_BYTES, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    times, _ = gpu_times({"copy": lambda: dst.copy_(src)}, 3, 10)
+    return 2 * COPY_BYTES / (summary(times["copy"], 3)[0] * 1e-3)
+
+
+# ---- workloads -----------------------------------------------------------------------------------------------
+
+def shuffled_tables(lens: list[int], g: torch.Generator, block: int = 16) -> tuple[torch.Tensor, int]:
+    """Block tables [len(lens), max blocks] (int32, on the GPU) over shuffled blocks of `block` tokens for
+    sequences of the given lengths, and the number of blocks they use."""
+    blocks = [-(-n // block) for n in lens]
+    perm = torch.randperm(sum(blocks), device="cuda", generator=g).to(torch.int32)
+    tables = torch.zeros(len(lens), max(blocks), dtype=torch.int32, device="cuda")
+    start = 0
+    for i, n in enumerate(blocks):
+        tables[i, :n] = perm[start:start + n]
+        start += n
+    return tables, sum(blocks)
+
+
+def random_prompts(batch: int, prompt_len: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    """batch prompts of prompt_len token ids in [3, vocab) (above the special ids), seeded."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, vocab, (batch, prompt_len), generator=g).tolist()
+
+
+def offline_lengths() -> tuple[random.Random, list[tuple[int, int]]]:
+    """The offline workload's (prompt, output) lengths and the seeded generator to draw its prompts from next."""
+    rng = random.Random(0)
+    return rng, [(rng.randint(OFFLINE_MIN, OFFLINE_MAX), rng.randint(OFFLINE_MIN, OFFLINE_MAX))
+                 for _ in range(OFFLINE_REQUESTS)]
+
+
+def offline_prompts(vocab: int) -> tuple[list[list[int]], list[tuple[int, int]]]:
+    """The offline workload's prompts (token ids in [3, vocab)) and (prompt, output) lengths."""
+    rng, lens = offline_lengths()
+    return [[rng.randrange(3, vocab) for _ in range(p)] for p, _ in lens], lens
+
+
+def add_batch_args(ap: argparse.ArgumentParser, batch: int = 8, prompt_len: int = 64, new_tokens: int = 64) -> None:
+    """--batch, --prompt-len, --new-tokens: the batch the CPU benchmarks generate."""
+    ap.add_argument("--batch", type=int, default=batch)
+    ap.add_argument("--prompt-len", type=int, default=prompt_len)
+    ap.add_argument("--new-tokens", type=int, default=new_tokens)
+
+
+# ---- checkpoints ---------------------------------------------------------------------------------------------
+
+def small_checkpoint(folder: str) -> str:
+    """The CPU benchmarks' random-weight SMALL_QWEN3 checkpoint, built into folder (no tokenizer)."""
+    from atom_frontends.native.demo import build_checkpoint
+
+    return str(build_checkpoint(folder, "Qwen3ForCausalLM", tokenizer=False, **SMALL_QWEN3))
+
+
+def shaped_checkpoint(path: str | None, shape: str = "qwen3-0.6b") -> str:
+    """A random-weight checkpoint of one of SHAPES, built once (into the temp dir unless path says where)
+    and reused by later runs."""
+    from atom_frontends.native.demo import build_checkpoint
+
+    p = Path(path or Path(tempfile.gettempdir()) / f"atom-core-{shape}-random")
+    if not (p / "config.json").is_file():
+        t = time.perf_counter()
+        arch, cfg = SHAPES[shape]
+        build_checkpoint(p, arch, seed=0, tokenizer=False, **cfg)
+        print(f"built checkpoint {p} in {time.perf_counter() - t:.0f} s")
+    return str(p)
+
