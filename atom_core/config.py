@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from atom_kernels import envs
 
 _DTYPES = {
     "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
     "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
 }
-KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
 
 
 def parse_dtype(dtype: str | torch.dtype | None, hf_config: Any = None) -> torch.dtype:
@@ -30,20 +30,10 @@ def parse_dtype(dtype: str | torch.dtype | None, hf_config: Any = None) -> torch
     return _DTYPES[dtype]
 
 
-def env_flag(name: str, default: bool) -> bool:
-    value = os.environ.get(name)
-    if value is None:
-        return default
-    if value.lower() in ("1", "true", "yes", "on"):
-        return True
-    if value.lower() in ("0", "false", "no", "off", ""):
-        return False
-    raise ValueError(f"{name}={value!r}: use 1/0, true/false, yes/no or on/off")
-
-
 @dataclass
 class AtomConfig:
-    """Built by each host's `atom_translate_config` hook from the host's own config objects."""
+    """Built by each host's `atom_translate_config` answer from the host's own config objects (kv_cache_dtype as
+    atom_core.quantization.checkpoint_precision resolved it)."""
 
     hf_config: Any  # transformers.PretrainedConfig
     model_path: str | None = None
@@ -56,19 +46,14 @@ class AtomConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     enforce_eager: bool = False
-    # Switches whose environment variable is exactly the field name upper-cased.
-    # Qwen3's q/k norm + rotary + KV write as one op where the host's attention layer lets the model write the
-    # cache (native); =0: the unfused ops. On by default: it shortens the decode graph (docs/kernels/
-    # norm-rope-activation.md); fp32 parity == HF.
-    ATOM_FUSED_QK_NORM_ROPE: bool = field(default_factory=lambda: env_flag("ATOM_FUSED_QK_NORM_ROPE", True))
-    # MLA decode metadata (kv_indptr / kv_indices) refilled in place in buffers sized at engine start; off: made
+    # Qwen3's q/k norm + rotary + KV write as one op, where the host's attention layer lets the model write the cache
+    # (native). None: on where supported; True: asked for (a log line where unsupported); False: the unfused ops.
+    fused_qk_norm_rope: bool | None = field(default_factory=lambda: envs.ATOM_FUSED_QK_NORM_ROPE)
+    # MLA decode metadata (kv_indptr / kv_indices) refilled in place in buffers sized at engine start; False: made
     # afresh every step.
-    ATOM_USE_PERSISTENT_MLA_DECODE_METADATA: bool = field(
-        default_factory=lambda: env_flag("ATOM_USE_PERSISTENT_MLA_DECODE_METADATA", True))
+    persistent_mla_decode_metadata: bool = field(default_factory=lambda: envs.ATOM_USE_PERSISTENT_MLA_DECODE_METADATA)
 
     def __post_init__(self) -> None:
-        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r}; supported: {', '.join(KV_CACHE_DTYPES)}")
         for name in ("max_model_len", "block_size", "max_num_seqs", "max_num_batched_tokens",
                      "tensor_parallel_size", "pipeline_parallel_size"):
             if int(getattr(self, name)) < 1:

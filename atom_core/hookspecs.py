@@ -1,4 +1,8 @@
-"""The pluggy hooks (project name "atom") that each frontend implements in its hooks.py."""
+"""The pluggy hooks (project name "atom"): the core's questions to the frontends, each frontend's hooks.py answers.
+
+The core calls every hook (see plugins.py for where); a frontend never calls one. Hooks that take `host` are asked
+for the host the core detected (plugins.current_host): each frontend answers for its own host only.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ import pluggy
 
 if TYPE_CHECKING:
     from atom_core.config import AtomConfig
-    from atom_core.layers.attention import AttentionSpec
+    from atom_core.layers.attention_spec import AttentionSpec
     from atom_core.platform import Platform
 
 PROJECT = "atom"
@@ -29,13 +33,15 @@ class AtomHookSpecs:
         """The Platform (device, dtypes, TP rank/size and collectives) for `host`."""
 
     @hookspec(firstresult=True)
-    def atom_translate_config(self, host: str, host_config: Any) -> AtomConfig | None:
-        """An AtomConfig built from `host`'s own config object(s)."""
-
-    @hookspec(firstresult=True)
-    def atom_metadata_builder(self, host: str, spec: Any) -> Callable[..., Any] | None:
-        """A builder turning `host`'s batch description into atom_core AttentionMetadata."""
+    def atom_translate_config(self, host_config: Any) -> AtomConfig | None:
+        """An AtomConfig built from a host's own config object, by the frontend that recognises its type (the
+        others answer None). Asked by atom_core.loader.build_model."""
 
     @hookspec(firstresult=True)
     def atom_attention_impl(self, host: str, spec: AttentionSpec) -> type | None:
-        """The attention layer class `host`'s runner expects for a layer described by `spec`."""
+        """The attention layer class `host`'s runner expects for a layer described by `spec` (MHA or MLA)."""
+
+    @hookspec(firstresult=True)
+    def atom_metadata_builder(self, host: str, spec: AttentionSpec) -> Callable[..., Any] | type | None:
+        """What turns `host`'s batch into the one AttentionMetadata for layers of `spec`: the Attention factory
+        attaches it to the layer it makes (`layer.metadata_builder`), where the host's runner/backend reads it."""

@@ -1,4 +1,5 @@
-"""Load local HF checkpoints (config.json + one or many safetensors files) into atom-core models."""
+"""Build atom-core models from a host's config, and load local HF checkpoints (config.json + one or many
+safetensors files) into them."""
 
 from __future__ import annotations
 
@@ -6,12 +7,15 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import torch
 from safetensors import safe_open
 
 from atom_core.config import AtomConfig
 from atom_core.models.registry import get_model_class
+from atom_core.platform import Platform
+from atom_core.plugins import current_host, current_platform, hook
 
 
 def _require_dir(path: str | os.PathLike) -> Path:
@@ -55,7 +59,27 @@ def iterate_weights(path: str | os.PathLike) -> Iterator[tuple[str, torch.Tensor
                 yield name, f.get_tensor(name)
 
 
-def build_model(config: AtomConfig, device: torch.device, architecture: str | None = None) -> torch.nn.Module:
+class BuiltModel(NamedTuple):
+    model: torch.nn.Module  # weights uninitialised
+    config: AtomConfig
+    platform: Platform
+
+
+def build_model(host_config: Any, *, architecture: str | None = None, prefix: str = "") -> BuiltModel:
+    """A model built from a host's own config object (EngineArgs, VllmConfig, SGLang's): the frontend that
+    recognises it translates it (atom_translate_config), the current host's platform gives the device; the class
+    is the registered one for `architecture` (default: the checkpoint's). Weights uninitialised."""
+    config = hook().atom_translate_config(host_config=host_config)
+    if config is None:
+        raise TypeError(f"no atom-core frontend recognises a host config of type {type(host_config).__qualname__} "
+                        f"(host {current_host()!r}); pass the host's own config object (EngineArgs, VllmConfig, "
+                        "SGLangModelConfig)")
+    platform = current_platform()
+    return BuiltModel(instantiate(config, platform.device, architecture, prefix), config, platform)
+
+
+def instantiate(config: AtomConfig, device: torch.device, architecture: str | None = None,
+                prefix: str = "") -> torch.nn.Module:
     """Instantiate the registered class for `architecture` (default: the checkpoint's), weights
     uninitialised, in config.dtype on `device`."""
     cls = get_model_class(architecture or config.architecture)
@@ -63,19 +87,25 @@ def build_model(config: AtomConfig, device: torch.device, architecture: str | No
     torch.set_default_dtype(config.dtype)
     try:
         with torch.device(device):
-            return cls(config).eval()
+            return cls(config, prefix=prefix).eval()
     finally:
         torch.set_default_dtype(prev)
 
 
 def load_model(config: AtomConfig, device: torch.device) -> torch.nn.Module:
     """Build the model and load every parameter from config.model_path; missing weights are an error."""
-    if config.model_path is None:
-        raise ValueError("AtomConfig.model_path is not set: nothing to load weights from")
-    model = build_model(config, device)
-    require_all_loaded(model, model.load_weights(iterate_weights(config.model_path)), config.model_path)
-    prepare_weights(model)
+    model = instantiate(config, device)
+    load_weights(model, config.model_path)
     return model
+
+
+def load_weights(model: torch.nn.Module, model_path: str | None) -> None:
+    """Load every parameter of `model` from the checkpoint at model_path (missing weights are an error), then
+    ready them for the kernels (prepare_weights)."""
+    if model_path is None:
+        raise ValueError("AtomConfig.model_path is not set: nothing to load weights from")
+    require_all_loaded(model, model.load_weights(iterate_weights(model_path)), model_path)
+    prepare_weights(model)
 
 
 def prepare_weights(model: torch.nn.Module) -> None:

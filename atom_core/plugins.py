@@ -1,18 +1,21 @@
 """Plugin manager and host detection.
 
-Frontends (built-in ones included) are pluggy plugins found through the entry-point group
-`atom.frontends`. Environment:
-  ATOM_HOST=native|vllm|sglang   force the host instead of asking atom_detect_host
-  ATOM_FRONTENDS=a,b             load only these frontends
-  ATOM_DISABLE_FRONTENDS=a,b     never load these
-  ATOM_TRACE_HOOKS=1             log every hook call and its result
+Frontends are pluggy plugins: the built-in ones are listed here (BUILTIN_FRONTENDS, so a source checkout that was
+not pip-installed has them), third-party ones come through the entry-point group `atom.frontends`. Environment
+(atom_kernels.envs): ATOM_HOST forces the host, ATOM_FRONTENDS / ATOM_DISABLE_FRONTENDS pick the frontends loaded,
+ATOM_TRACE_HOOKS=1 logs every hook call.
+
+The core calls every hook (hookspecs.py), at the place that needs the answer: current_host (atom_detect_host),
+current_platform (atom_platform), loader.build_model (atom_translate_config), the Attention factory
+(atom_attention_impl, atom_metadata_builder). A frontend never calls a hook.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib
 import logging
-import os
 import threading
 from collections.abc import Iterator
 from contextvars import ContextVar
@@ -22,27 +25,30 @@ from typing import Any
 import pluggy
 
 from atom_core import hookspecs
+from atom_kernels import envs
 
 logger = logging.getLogger("atom_core.plugins")
 ENTRY_POINT_GROUP = "atom.frontends"
+# Frontend name (= its host name) → the module implementing its hooks.
+BUILTIN_FRONTENDS = {
+    "native": "atom_frontends.native.hooks",
+    "vllm": "atom_frontends.vllm.hooks",
+    "sglang": "atom_frontends.sglang.hooks",
+}
 
 _lock = threading.Lock()
 _manager: pluggy.PluginManager | None = None
 
 
-def _names(var: str) -> set[str] | None:
-    value = os.environ.get(var, "").strip()
-    return {n.strip() for n in value.split(",") if n.strip()} if value else None
-
-
 def _load_frontends(pm: pluggy.PluginManager) -> None:
-    allow, deny = _names("ATOM_FRONTENDS"), _names("ATOM_DISABLE_FRONTENDS") or set()
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if (allow is not None and ep.name not in allow) or ep.name in deny:
+    """The built-in frontends, then the entry points' (a name already registered is skipped)."""
+    allow, deny = envs.ATOM_FRONTENDS, envs.ATOM_DISABLE_FRONTENDS or frozenset()
+    found = [(name, functools.partial(importlib.import_module, module)) for name, module in BUILTIN_FRONTENDS.items()]
+    found += [(ep.name, ep.load) for ep in entry_points(group=ENTRY_POINT_GROUP)]
+    for name, load in found:
+        if (allow is not None and name not in allow) or name in deny or pm.get_plugin(name) is not None:
             continue
-        if pm.get_plugin(ep.name) is not None:
-            continue
-        pm.register(ep.load(), name=ep.name)
+        pm.register(load(), name=name)
 
 
 def get_plugin_manager() -> pluggy.PluginManager:
@@ -53,7 +59,7 @@ def get_plugin_manager() -> pluggy.PluginManager:
             pm = pluggy.PluginManager(hookspecs.PROJECT)
             pm.add_hookspecs(hookspecs.AtomHookSpecs)
             _load_frontends(pm)
-            if os.environ.get("ATOM_TRACE_HOOKS") == "1":
+            if envs.ATOM_TRACE_HOOKS:
                 pm.trace.root.setwriter(lambda msg: logger.info("hook: %s", " ".join(msg.split())))
                 pm.enable_tracing()
             _manager = pm
@@ -121,12 +127,12 @@ def current_host() -> str:
     """The host driving this process/scope: ATOM_HOST, else the innermost explicit host scope,
     else the one frontend that claims it (atom_detect_host)."""
     loaded = frontend_names()
-    forced = os.environ.get("ATOM_HOST")
+    forced = envs.ATOM_HOST
     if forced:
         if forced not in loaded:
             raise RuntimeError(
                 f"ATOM_HOST={forced!r} but no loaded frontend has that name (loaded: {loaded or 'none'}); "
-                "install atom-core (pip install -e .) or fix ATOM_FRONTENDS/ATOM_DISABLE_FRONTENDS"
+                "install the frontend that defines it or fix ATOM_FRONTENDS/ATOM_DISABLE_FRONTENDS"
             )
         return forced
     scoped = _innermost_scope.get()
@@ -147,29 +153,16 @@ def current_host() -> str:
     )
 
 
-def _one(result: Any, what: str, host: str) -> Any:
+def answer(result: Any, hook_name: str, host: str) -> Any:
+    """A firstresult hook's answer, or a clear error when no frontend gave one."""
     if result is None:
         raise RuntimeError(
-            f"no frontend answered {what} for host {host!r} (frontends loaded: {frontend_names()})"
+            f"no frontend answered {hook_name} for host {host!r} (frontends loaded: {frontend_names()})"
         )
     return result
 
 
 def current_platform(host: str | None = None):
+    """The Platform of `host` (default: the current one), from its frontend's atom_platform."""
     host = host or current_host()
-    return _one(hook().atom_platform(host=host), "atom_platform", host)
-
-
-def translate_config(host_config: Any, host: str | None = None):
-    host = host or current_host()
-    return _one(hook().atom_translate_config(host=host, host_config=host_config), "atom_translate_config", host)
-
-
-def metadata_builder(spec: Any, host: str | None = None):
-    host = host or current_host()
-    return _one(hook().atom_metadata_builder(host=host, spec=spec), "atom_metadata_builder", host)
-
-
-def attention_impl(spec: Any, host: str | None = None) -> type:
-    host = host or current_host()
-    return _one(hook().atom_attention_impl(host=host, spec=spec), "atom_attention_impl", host)
+    return answer(hook().atom_platform(host=host), "atom_platform", host)

@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
-import os
 import time
 from functools import partial
 
@@ -55,6 +54,7 @@ from common import (
     shaped_checkpoint,
 )
 
+from atom_kernels import envs
 from atom_kernels.triton.jit_watch import JitWatch
 
 PROMPT, NEW, PARITY_TOKENS = 128, 128, 16
@@ -194,12 +194,12 @@ def native_decode(llm, prompts) -> tuple[float, float, float, list[list[int]]]:
 
 
 def native_engine(path: str, fused: bool, overlap: bool = True, **kw):
-    """The engine with ATOM_FUSED_QK_NORM_ROPE on or off (read when the config is built) and overlap
+    """The engine with Qwen3's fused q/k norm + rotary + KV write on or off (fused_qk_norm_rope) and overlap
     scheduling on or off."""
     from atom_frontends.native import LLM
 
-    os.environ["ATOM_FUSED_QK_NORM_ROPE"] = "1" if fused else "0"
-    llm = LLM(path, dtype="bfloat16", max_model_len=MAX_MODEL_LEN, overlap_scheduling=overlap, **kw)
+    llm = LLM(path, dtype="bfloat16", max_model_len=MAX_MODEL_LEN, overlap_scheduling=overlap,
+              fused_qk_norm_rope=fused, **kw)
     assert llm.engine.overlap == overlap
     return llm
 
@@ -329,7 +329,7 @@ def throughput(path: str, overlaps: tuple[bool, ...], kv_cache_dtype: str) -> No
 def throughput_run(path: str, overlap: bool, prompts, params, lens, bw: float, kv_cache_dtype: str) -> float:
     """One timed run of the offline workload; prints its lines, returns output tokens/s."""
 
-    fused = os.environ.get("ATOM_FUSED_QK_NORM_ROPE", "1") != "0"
+    fused = envs.ATOM_FUSED_QK_NORM_ROPE is not False
     llm = offline_engine(path, fused, overlap, kv_cache_dtype, prompts)
     timer = GraphTimer(llm)
     with JitWatch() as jit, HostTimer(llm) as host:
@@ -392,7 +392,7 @@ def profile(path: str) -> None:
 
     from atom_frontends.native import SamplingParams
 
-    llm = native_engine(path, fused=os.environ.get("ATOM_FUSED_QK_NORM_ROPE", "1") != "0", max_num_seqs=32,
+    llm = native_engine(path, fused=envs.ATOM_FUSED_QK_NORM_ROPE is not False, max_num_seqs=32,
                         kv_cache_memory=8 << 30, enable_prefix_caching=False)
     vocab = QWEN3_06B["vocab_size"]  # both shapes share it
     params = SamplingParams(temperature=0, max_tokens=33, ignore_eos=True)

@@ -25,10 +25,11 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
-import os
 from collections.abc import Callable
 
 import torch
+
+from atom_kernels import envs
 
 OPS = (
     "write_kv_cache", "paged_attention", "fused_qk_norm_rope_write_kv", "rms_norm", "rotary", "silu_and_mul",
@@ -127,7 +128,7 @@ def _available(backend: str, op: str, device_type: str) -> bool:
 @functools.cache
 def backend_for(op: str, device_type: str) -> str:
     """The backend `op` runs with on `device_type` ("cpu", "cuda")."""
-    forced = os.environ.get("ATOM_KERNEL_BACKEND")
+    forced = envs.ATOM_KERNEL_BACKEND
     if forced:
         if forced == "aiter":
             raise ValueError("ATOM_KERNEL_BACKEND=aiter: atom-core has no aiter kernels wired yet; use triton "

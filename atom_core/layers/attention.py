@@ -1,51 +1,23 @@
-"""The Attention factory, the layer spec hosts receive, and the one shared attention computation.
+"""The Attention factory and the one shared attention computation.
 
 Model code writes `Attention(num_heads, head_dim, scale, num_kv_heads, prefix=...)` and never
-branches on the host: `Attention.__new__` asks the `atom_attention_impl` hook for the current
-host's layer class and returns an instance of it.
+branches on the host: `Attention.__new__` builds an AttentionSpec, asks the current host's frontend
+for its layer class (`atom_attention_impl`) and its metadata builder (`atom_metadata_builder`), and
+returns an instance of the class with the builder attached as `layer.metadata_builder`: the host's
+runner or backend reads the builder from the layers it runs (metadata_builder_of).
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 
 import atom_kernels
 from atom_core.forward_context import AttentionMetadata
-from atom_core.plugins import attention_impl
+from atom_core.layers.attention_spec import FULL_ATTENTION_OPS, MLA_OPS, AttentionSpec
+from atom_core.plugins import answer, current_host, hook
 
-# The atom_kernels ops each kind of attention runs: hosts check that a device has kernels for them.
-FULL_ATTENTION_OPS = ("write_kv_cache", "paged_attention")
-MLA_OPS = ("write_latent_cache", "mla_attention")
-
-
-@dataclass(frozen=True)
-class AttentionSpec:
-    num_heads: int  # query heads on this rank
-    head_dim: int
-    scale: float
-    num_kv_heads: int  # KV heads on this rank
-    prefix: str  # layer name, e.g. "model.layers.3.self_attn.attn"
-    sliding_window: int | None = None  # None or <= 0: full attention
-    kv_cache_dtype: str = "auto"
-    # MLA (latent cache) fields; unused by full-attention layers.
-    kv_lora_rank: int | None = None
-    qk_rope_head_dim: int | None = None
-
-    @property
-    def uses_sliding_window(self) -> bool:
-        return self.sliding_window is not None and self.sliding_window > 0
-
-    @property
-    def kernel_ops(self) -> tuple[str, ...]:
-        """The atom_kernels ops a layer of this spec runs (its KV write and its attention)."""
-        return MLA_OPS if self.is_mla else FULL_ATTENTION_OPS
-
-    @property
-    def is_mla(self) -> bool:
-        """A latent-cache (MLA) layer: one KV "head" of head_dim = kv_lora_rank + qk_rope_head_dim per token."""
-        return self.kv_lora_rank is not None
+__all__ = ["FULL_ATTENTION_OPS", "MLA_OPS", "Attention", "AttentionSpec", "attention_forward", "metadata_builder_of",
+           "mla_forward", "qk_norm_rope_attention_forward"]
 
 
 class Attention:
@@ -64,7 +36,23 @@ class Attention:
         spec = AttentionSpec(num_heads, head_dim, scale, num_kv_heads, prefix,
                              sliding_window if sliding_window and sliding_window > 0 else None,
                              kv_cache_dtype, kv_lora_rank, qk_rope_head_dim)
-        return attention_impl(spec)(spec)
+        host = current_host()
+        layer_cls = answer(hook().atom_attention_impl(host=host, spec=spec), "atom_attention_impl", host)
+        builder = answer(hook().atom_metadata_builder(host=host, spec=spec), "atom_metadata_builder", host)
+        layer = layer_cls(spec)
+        layer.metadata_builder = builder
+        return layer
+
+
+def metadata_builder_of(layers) -> object:
+    """The metadata builder the Attention factory attached to `layers` (a model's attention layers, or any
+    modules: those without one are skipped). Exactly one must be found: a step's batch has one metadata."""
+    builders = {id(b): b for layer in layers if (b := getattr(layer, "metadata_builder", None)) is not None}
+    if len(builders) != 1:
+        raise RuntimeError(f"expected the one metadata builder the Attention factory attaches to a model's attention "
+                           f"layers, found {len(builders)}: build the model's attention with atom_core's Attention "
+                           "inside its host's scope")
+    return next(iter(builders.values()))
 
 
 def _check_mla(head_dim: int, num_kv_heads: int, kv_lora_rank: int, qk_rope_head_dim: int | None) -> None:

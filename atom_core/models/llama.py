@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import atom_kernels
-from atom_core.config import AtomConfig, env_flag
+from atom_core.config import AtomConfig
 from atom_core.layers import (
     Attention,
     MergedColumnParallelLinear,
@@ -40,22 +40,24 @@ def _sliding_window(cfg, layer_idx: int) -> int | None:
     return None
 
 
-def _fused_write_supported(attn) -> bool:
-    """Can this host's attention layer take Qwen3's q/k norm + rotary fused with its K/V write?
-
-    A layer says so with `fuses_qk_norm_rope` (and offers `forward_qk_norm_rope`); otherwise the unfused q/k norm
-    + rotary + the layer's own cache write run, and the log says so once when ATOM_FUSED_QK_NORM_ROPE=1 was asked
-    for explicitly (the switch is on by default)."""
+def _fused_qk_norm_rope(wanted: bool | None, attn) -> bool:
+    """Run Qwen3's q/k norm + rotary fused with the K/V write (AtomConfig.fused_qk_norm_rope: None = where the
+    layer supports it)? A host's attention layer supports it with `fuses_qk_norm_rope` (and offers
+    `forward_qk_norm_rope`); otherwise the unfused q/k norm + rotary + the layer's own cache write run, and the log
+    says so once when the fused form was asked for explicitly (True)."""
+    if wanted is False:
+        return False
     if getattr(attn, "fuses_qk_norm_rope", False):
         return True
-    if env_flag("ATOM_FUSED_QK_NORM_ROPE", False):
+    if wanted:
         _warn_fused_unsupported(type(attn).__qualname__)
     return False
 
 
 @functools.cache
 def _warn_fused_unsupported(layer_class: str) -> None:
-    logger.warning("atom-core: ATOM_FUSED_QK_NORM_ROPE=1 is not supported by the %s attention layer yet; "
+    logger.warning("atom-core: fused_qk_norm_rope (ATOM_FUSED_QK_NORM_ROPE=1) is not supported by the %s "
+                   "attention layer yet; "
                    "running the unfused q/k norm + rotary (same results)", layer_class)
 
 
@@ -83,7 +85,7 @@ class LlamaAttention(nn.Module):
         self.attn = Attention(self.num_heads, self.head_dim, self.head_dim**-0.5, self.num_kv_heads,
                               sliding_window=_sliding_window(cfg, layer_idx),
                               kv_cache_dtype=config.kv_cache_dtype, prefix=f"{prefix}.attn")
-        self.fused_qk_norm_rope = qk_norm and config.ATOM_FUSED_QK_NORM_ROPE and _fused_write_supported(self.attn)
+        self.fused_qk_norm_rope = qk_norm and _fused_qk_norm_rope(config.fused_qk_norm_rope, self.attn)
 
     fuses_input_norm = True  # see normed_sublayer
 

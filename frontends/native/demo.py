@@ -10,6 +10,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from atom_kernels import envs
+
 DEMO_NOTE = "atom-core DEMO checkpoint: random weights, byte-level tokenizer; its text is meaningless"
 
 # initializer_range 0.2, not transformers' 0.02: with 0.02 a tiny model's greedy output is one token repeated
@@ -119,7 +121,7 @@ def _randomize_correction_bias(model, seed: int) -> None:
 
 def demo_checkpoint() -> Path:
     """The CLI's built-in demo model, built once and cached under $ATOM_CACHE_DIR (~/.cache/atom-core)."""
-    root = Path(os.environ.get("ATOM_CACHE_DIR", Path.home() / ".cache" / "atom-core"))
+    root = envs.ATOM_CACHE_DIR
     path = root / "demo-qwen3-random-v2"  # v2: initializer_range 0.2
     if not (path / "config.json").is_file():
         tmp = path.with_suffix(".tmp")

@@ -16,9 +16,7 @@ import logging
 
 import torch
 
-from atom_core.config import env_flag
-from atom_core.loader import load_model
-from atom_core.plugins import current_platform, translate_config
+from atom_core.loader import build_model, load_weights
 from atom_frontends.native.block_manager import BlockManager
 from atom_frontends.native.checkpoint_files import eos_token_ids, load_tokenizer
 from atom_frontends.native.cpu_kernels import register_host_kernels
@@ -31,6 +29,7 @@ from atom_frontends.native.request import CompletionOutput, Logprob, Request, Re
 from atom_frontends.native.sampler import StepOutput
 from atom_frontends.native.sampling_params import SamplingParams
 from atom_frontends.native.scheduler import Scheduled, Scheduler
+from atom_kernels import envs
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +37,9 @@ class LLMEngine:
     def __init__(self, args: EngineArgs) -> None:
         self.args = args
         with NATIVE.scope():
-            self.config = translate_config(args, host="native")
-            self.platform = current_platform("native")
+            self.model, self.config, self.platform = build_model(args)
             register_host_kernels(self.platform.device)  # CPU: cpu_kernels.py, before weights are packed
-            self.model = load_model(self.config, self.platform.device)
+            load_weights(self.model, self.config.model_path)
             self.runner = ModelRunner(self.model, self.config, self.platform, args.seed)
         # The KV cache is sized from the memory left once the weights are loaded (measured, not estimated) and
         # may lower config.max_model_len: what depends on that length is built after it (the runner's step
@@ -52,8 +50,8 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, self.config.max_num_seqs, self.config.max_num_batched_tokens,
                                    self.config.max_model_len)
         on_gpu = self.platform.device.type == "cuda"
-        self.overlap = (env_flag("ATOM_OVERLAP_SCHEDULING", on_gpu) if args.overlap_scheduling is None
-                        else args.overlap_scheduling)
+        overlap = envs.ATOM_OVERLAP_SCHEDULING if args.overlap_scheduling is None else args.overlap_scheduling
+        self.overlap = on_gpu if overlap is None else overlap
         self._in_flight: tuple[list[Scheduled], StepOutput] | None = None  # overlap: launched, not read yet
         self.tokenizer = load_tokenizer(args.model)
         self.eos_token_ids = eos_token_ids(args.model, self.config.hf_config)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from atom_core.config import AtomConfig, parse_dtype
 from atom_core.layers.rotary import rope_parameters
 from atom_core.loader import load_hf_config
+from atom_core.quantization import checkpoint_precision
 
 
 @dataclass
@@ -27,6 +28,9 @@ class EngineArgs:
     # tokens are read once step n+1 is launched (the same results). None: the environment variable
     # ATOM_OVERLAP_SCHEDULING (1/0) if set, else on for a CUDA device and off on CPU (nothing to overlap there).
     overlap_scheduling: bool | None = None
+    # AtomConfig's switches; None: AtomConfig's default (its environment variable, see atom_kernels.envs).
+    fused_qk_norm_rope: bool | None = None
+    persistent_mla_decode_metadata: bool | None = None
     # Seed of the engine's sampling generator. 0 as in vLLM, so sampled output repeats from run to run;
     # None draws a fresh seed (SamplingParams.seed still seeds single requests).
     seed: int | None = 0
@@ -45,20 +49,19 @@ class EngineArgs:
 
     def to_atom_config(self) -> AtomConfig:
         hf_config = load_hf_config(self.model)
-        quant = getattr(hf_config, "quantization_config", None)
-        if quant is not None:  # its weights would not load (scales), or a config-only one would run unquantized
-            method = quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", quant)
-            raise ValueError(f"{self.model} is a quantized checkpoint (quant_method {method}): atom-core runs "
-                             "unquantized weights only; use a bf16/fp16/fp32 checkpoint (dequantize it first)")
+        dtype = parse_dtype(self.dtype, hf_config)
+        kv_cache_dtype = checkpoint_precision(hf_config, dtype, self.kv_cache_dtype, model=str(self.model))
         max_pos = getattr(hf_config, "max_position_embeddings", None)
         max_model_len = self.max_model_len or max_pos or 2048
         if max_pos and max_model_len > max_pos:
             if rope_parameters(hf_config)["rope_type"] == "default":
                 raise ValueError(f"max_model_len={max_model_len} exceeds the checkpoint's max_position_embeddings="
                                  f"{max_pos} and it has no rope scaling; lower max_model_len")
+        switches = {name: getattr(self, name) for name in ("fused_qk_norm_rope", "persistent_mla_decode_metadata")
+                    if getattr(self, name) is not None}
         return AtomConfig(
-            hf_config=hf_config, model_path=str(self.model), dtype=parse_dtype(self.dtype, hf_config),
-            max_model_len=max_model_len, block_size=self.block_size, kv_cache_dtype=self.kv_cache_dtype,
+            hf_config=hf_config, model_path=str(self.model), dtype=dtype,
+            max_model_len=max_model_len, block_size=self.block_size, kv_cache_dtype=kv_cache_dtype,
             max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
-            enforce_eager=self.enforce_eager,
+            enforce_eager=self.enforce_eager, **switches,
         )

@@ -28,14 +28,10 @@ def atom_platform(host: str):
 
 
 @hookimpl
-def atom_translate_config(host: str, host_config: Any):
-    if host != HOST:
-        return None
+def atom_translate_config(host_config: Any):
     from atom_frontends.native.engine_args import EngineArgs
 
-    if not isinstance(host_config, EngineArgs):
-        return None
-    return host_config.to_atom_config()
+    return host_config.to_atom_config() if isinstance(host_config, EngineArgs) else None
 
 
 @hookimpl

@@ -13,7 +13,7 @@ On CPU host and device buffers are the same tensors.
 
 MLA models (a config with kv_lora_rank) also get the MLA decode metadata (kv_indptr, kv_indices: see
 atom_kernels.reference.mla) once per step, on the device, into the metadata's scratch where the MLA kernels
-find it. With ATOM_USE_PERSISTENT_MLA_DECODE_METADATA (default on) it is refilled in place in buffers sized
+find it. With AtomConfig.persistent_mla_decode_metadata (default on) it is refilled in place in buffers sized
 here (max_num_seqs x the full table width), the same addresses on every step, so a graph replay reads the
 refill this step made; off, the kernels make it afresh each step (inside a captured graph, on replay).
 Its positions are the metadata's own (no copy); max_query_len is the maximum over all sequences.
@@ -90,7 +90,7 @@ class InputBuilder:
         self._graph_cache: dict[tuple[int, int], StepInputs] = {}
         uses_mla = getattr(config.hf_config, "kv_lora_rank", None) is not None
         self.mla_buffers = (mla_decode_buffers(seqs, self.width, device)
-                            if uses_mla and config.ATOM_USE_PERSISTENT_MLA_DECODE_METADATA else None)
+                            if uses_mla and config.persistent_mla_decode_metadata else None)
 
     def build(self, batch: list[Scheduled], graph_size: int | None = None, temperatures: list[float] | None = None,
               seeds: np.ndarray | None = None) -> StepInputs:

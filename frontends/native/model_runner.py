@@ -24,9 +24,9 @@ import torch
 import atom_kernels
 from atom_core.config import AtomConfig
 from atom_core.forward_context import set_forward_context
+from atom_core.layers.attention import metadata_builder_of
 from atom_core.layers.kernel_warmup import warm_up_attention, warm_up_moe
 from atom_core.platform import Platform
-from atom_core.plugins import metadata_builder
 from atom_frontends.native.attention import NativeCacheLayer
 from atom_frontends.native.cuda_graphs import DecodeGraphs, batch_size_ladder, why_not_capturable
 from atom_frontends.native.inputs import StepInputs
@@ -87,7 +87,7 @@ class ModelRunner:
             if self.config.kv_cache_dtype != "auto":
                 layer.k_scale = torch.ones((), dtype=torch.float32, device=self.device)
                 layer.v_scale = torch.ones((), dtype=torch.float32, device=self.device)
-        self.inputs = metadata_builder(spec=None, host="native")(self.config, self.device)
+        self.inputs = metadata_builder_of(self.attn_layers)(self.config, self.device)
         for layer in self.attn_layers:  # JIT kernels compile their shape classes now, not mid-serving
             warm_up_attention(layer.spec, layer.cache_views(), self.config.dtype, self.config.max_model_len,
                               self.config.max_num_batched_tokens, layer.k_scale, layer.v_scale)

@@ -10,12 +10,24 @@ Imported only when SGLang drives the process (it imports sglang).
 
 from __future__ import annotations
 
+import re
+
 import torch
 from sglang.srt.layers.radix_attention import RadixAttention
 
 from atom_core.layers.attention import AttentionSpec
-from atom_frontends.sglang.adapters import layer_id_from_prefix
 from atom_frontends.sglang.bridge import current_forward_batch
+
+_LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+def layer_id_from_prefix(prefix: str) -> int:
+    """'model.layers.3.self_attn.attn' → 3: the layer's index in SGLang's KV pool."""
+    match = _LAYER_RE.search(prefix)
+    if match is None:
+        raise ValueError(f"cannot tell the decoder layer index of attention layer {prefix!r}: atom-core's SGLang "
+                         "frontend expects a decoder stack's '...layers.<i>....' prefix")
+    return int(match.group(1))
 
 
 class SGLangAttention(RadixAttention):

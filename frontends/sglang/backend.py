@@ -1,8 +1,9 @@
 """atom-core's SGLang attention backend (`--attention-backend atom`).
 
-init_forward_metadata builds the core's AttentionMetadata through the `atom_metadata_builder`
-hook; forward_extend/forward_decode run the shared `attention_forward` (atom_kernels) directly on
-SGLang's token pool, in place. It serves atom-core's layers and SGLang's own RadixAttention layers.
+init_forward_metadata builds the core's AttentionMetadata with the builder the Attention factory
+attached to the model's layers (for SGLang's own models, whose layers the core did not make:
+metadata.py's); forward_extend/forward_decode run the shared `attention_forward` (atom_kernels) directly
+on SGLang's token pool, in place. It serves atom-core's layers and SGLang's own RadixAttention layers.
 With SGLang's MLA token pool (DeepSeek architectures) they run the shared `mla_forward` instead, on
 the pool's latent buffer [slots, 1, r + rope]: block size 1, the same logical layout as our latent cache.
 Built once the pool exists, the backend compiles our attention kernels' variants for every layer right away
@@ -20,11 +21,10 @@ from sglang.srt.layers.radix_attention import AttentionType, RadixAttention
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool
 
 from atom_core.forward_context import AttentionMetadata
-from atom_core.layers.attention import AttentionSpec, attention_forward, mla_forward
+from atom_core.layers.attention import AttentionSpec, attention_forward, metadata_builder_of, mla_forward
 from atom_core.layers.kernel_warmup import warm_up_attention
-from atom_core.plugins import metadata_builder
 from atom_frontends.sglang.config import extend_token_budget
-from atom_frontends.sglang.hooks import HOST
+from atom_frontends.sglang.metadata import build_metadata
 
 NAME = "atom"
 CUDA_GRAPH_ERROR = (
@@ -86,7 +86,8 @@ class AtomAttnBackend(AttentionBackend):
         self.req_to_token_pool = model_runner.req_to_token_pool
         self.token_to_kv_pool = model_runner.token_to_kv_pool
         self.mla = self._check_pool(self.token_to_kv_pool)
-        self.build_metadata = metadata_builder(spec=None, host=HOST)
+        ours = any(hasattr(m, "metadata_builder") for m in model_runner.model.modules())
+        self.build_metadata = metadata_builder_of(model_runner.model.modules()) if ours else build_metadata
         self.forward_metadata: AttentionMetadata | None = None
         self._specs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._warm_up(model_runner)

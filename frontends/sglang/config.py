@@ -12,13 +12,16 @@ from typing import Any
 
 import torch
 
-from atom_core.config import KV_CACHE_DTYPES, AtomConfig
+from atom_core.config import AtomConfig
 from atom_core.platform import Platform, default_device
+from atom_core.quantization import checkpoint_precision
 
 HOST = "sglang"
 # SGLang addresses its KV pool per token (req_to_token → slot), whatever its page size: one slot is
 # one "block" of our paged-attention kernels.
 SGLANG_BLOCK_SIZE = 1
+# How to run the model without atom-core: appended to the errors of checkpoint_precision.
+_FALLBACK = "; or unset SGLANG_EXTERNAL_MODEL_PACKAGE so SGLang uses its own model"
 
 
 def _runtime():
@@ -73,18 +76,11 @@ def extend_token_budget(server_args: Any, context_len: int) -> int:
 
 
 def translate_config(c: SGLangModelConfig) -> AtomConfig:
-    if c.quant_config is not None:
-        raise ValueError(
-            f"quantized checkpoints ({type(c.quant_config).__name__}) are not supported by atom-core's "
-            "SGLang frontend yet; serve an unquantized checkpoint, or unset SGLANG_EXTERNAL_MODEL_PACKAGE so "
-            "SGLang uses its own model"
-        )
     sa = c.server_args
+    kv_dtype = checkpoint_precision(c.hf_config, c.dtype, getattr(sa, "kv_cache_dtype", None),
+                                    host_quantization=c.quant_config, model=str(getattr(sa, "model_path", None)),
+                                    fallback=_FALLBACK)
     max_model_len = _max_model_len(c)
-    kv_dtype = getattr(sa, "kv_cache_dtype", None) or "auto"
-    if kv_dtype not in KV_CACHE_DTYPES:
-        raise ValueError(f"--kv-cache-dtype {kv_dtype} is not supported by atom-core's SGLang frontend; "
-                         f"use one of: {', '.join(KV_CACHE_DTYPES)}")
     fields: dict[str, Any] = dict(
         hf_config=c.hf_config, model_path=getattr(sa, "model_path", None), dtype=c.dtype,
         max_model_len=max_model_len, block_size=SGLANG_BLOCK_SIZE, kv_cache_dtype=kv_dtype,

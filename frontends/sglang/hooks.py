@@ -31,14 +31,10 @@ def atom_platform(host: str):
 
 
 @hookimpl
-def atom_translate_config(host: str, host_config: Any):
-    if host != HOST:
-        return None
+def atom_translate_config(host_config: Any):
     from atom_frontends.sglang.config import SGLangModelConfig, translate_config
 
-    if not isinstance(host_config, SGLangModelConfig):
-        return None
-    return translate_config(host_config)
+    return translate_config(host_config) if isinstance(host_config, SGLangModelConfig) else None
 
 
 @hookimpl

@@ -3,7 +3,8 @@
 SGLang's contract: `__init__(config, quant_config=None, prefix="")` inside its loader (model dtype
 as torch's default dtype, target device as the default device), `load_weights(weights)`, and
 `forward(input_ids, positions, forward_batch, ...)` returning a LogitsProcessorOutput. The core
-model is built from an AtomConfig that `atom_translate_config` makes of SGLang's own config objects.
+builds the model from SGLang's own config objects (atom_core.loader.build_model, which asks our
+`atom_translate_config` for the AtomConfig).
 This module imports SGLang only inside methods: SGLang imports our model package while its model
 registry is still initialising.
 """
@@ -17,50 +18,39 @@ from torch import nn
 
 from atom_core.layers.kernel_warmup import warm_up_moe
 from atom_core.loader import build_model, require_all_loaded
-from atom_core.plugins import current_platform, translate_config
-from atom_frontends.sglang.adapters import ModelAdapter, get_adapter
 from atom_frontends.sglang.bridge import forward_batch_context
 from atom_frontends.sglang.config import SGLangModelConfig
-from atom_frontends.sglang.hooks import HOST, SGLANG
+from atom_frontends.sglang.hooks import SGLANG
 
 
 class AtomSGLangModel(nn.Module):
-    """Base of every EntryClass; `adapter` (a ModelAdapter) is set per architecture."""
-
-    adapter: ModelAdapter
+    """Base of every EntryClass: a subclass per architecture, named for it (entry_class)."""
 
     def __init__(self, config, quant_config=None, prefix: str = "") -> None:
         super().__init__()
         from sglang.srt.layers.logits_processor import LogitsProcessor
 
-        hf_config = self.adapter.prepare_config(config)
-        host_config = SGLangModelConfig.from_model_init(hf_config, quant_config, prefix)
+        host_config = SGLangModelConfig.from_model_init(config, quant_config, prefix)
         with SGLANG.scope():
-            self.atom_config = translate_config(host_config, host=HOST)
-            platform = current_platform(HOST)
-            self.core = build_model(self.atom_config, platform.device, self.adapter.core_architecture)
-        self._bind_layer_ids()
+            self.core, self.atom_config, _ = build_model(host_config, architecture=type(self).__name__)
+        self._check_layer_ids()
         self.config = config
         self.quant_config = quant_config
         self.logits_processor = LogitsProcessor(config)
         self._weights_loaded = False
 
-    def _bind_layer_ids(self) -> None:
-        """Each attention layer's id in SGLang's KV pool, from the adapter; unique and in range."""
-        from atom_frontends.sglang.attention import SGLangAttention
+    def _check_layer_ids(self) -> None:
+        """Each attention layer's id in SGLang's KV pool (from its prefix) is unique and in range."""
+        from sglang.srt.layers.radix_attention import RadixAttention
 
-        layers = [m for m in self.core.modules() if isinstance(m, SGLangAttention)]
-        for layer in layers:
-            layer.layer_id = self.adapter.layer_id(layer.spec.prefix)
-        ids = sorted(layer.layer_id for layer in layers)
+        ids = sorted(m.layer_id for m in self.core.modules() if isinstance(m, RadixAttention))
         num_layers = self.atom_config.hf_config.num_hidden_layers
         if len(set(ids)) != len(ids) or (ids and not 0 <= ids[0] <= ids[-1] < num_layers):
-            raise ValueError(f"{self.adapter.architecture}: attention layer ids {ids} are not unique ids "
-                             f"within [0, num_hidden_layers={num_layers}) of SGLang's KV pool; fix the "
-                             "adapter's layer_id")
+            raise ValueError(f"{type(self).__name__}: attention layer ids {ids} are not unique ids "
+                             f"within [0, num_hidden_layers={num_layers}) of SGLang's KV pool")
 
     def get_input_embeddings(self) -> nn.Module:
-        return self.adapter.input_embeddings(self.core)
+        return self.core.model.embed_tokens
 
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch,
@@ -84,7 +74,6 @@ class AtomSGLangModel(nn.Module):
         if not self._weights_loaded:
             require_all_loaded(self.core, loaded, self.atom_config.model_path)
             self._weights_loaded = True
-            self.adapter.post_load(self.core)
             self._warm_up_moe()
         return loaded
 
@@ -97,7 +86,7 @@ class AtomSGLangModel(nn.Module):
         warm_up_moe(self.core, c.dtype, max(c.max_num_batched_tokens, c.max_num_seqs))
 
 
-def entry_class(architecture: str, module: str) -> type:
+def entry_class(architecture: str) -> type:
     """An EntryClass for SGLang's model registry: a subclass whose __name__ IS the HF architecture."""
     return type(architecture, (AtomSGLangModel,),
-                {"adapter": get_adapter(architecture), "__module__": module, "__qualname__": architecture})
+                {"__module__": "atom_frontends.sglang.models.entry", "__qualname__": architecture})

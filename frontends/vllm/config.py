@@ -2,32 +2,23 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
 
-from atom_core.config import KV_CACHE_DTYPES, AtomConfig
+from atom_core.config import AtomConfig
 from atom_core.platform import Platform
+from atom_core.quantization import checkpoint_precision
 
-_FLOAT_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-
-
-def is_vllm_config(obj: Any) -> bool:
-    from vllm.config import VllmConfig
-
-    return isinstance(obj, VllmConfig)
+# How to run the model without atom-core: appended to the errors of checkpoint_precision.
+_FALLBACK = "; or set ATOM_DISABLE_VLLM_PLUGIN=1 to run vLLM's own implementation"
 
 
-def _kv_cache_dtype(cache_dtype: str, model_dtype: torch.dtype) -> str:
-    """vLLM's cache_dtype string → ours; a float type equal to the model's is our "auto"."""
-    if cache_dtype == _FLOAT_NAMES.get(model_dtype):
-        return "auto"
-    if cache_dtype not in KV_CACHE_DTYPES:
-        raise ValueError(
-            f"kv_cache_dtype={cache_dtype!r} is not supported by atom-core's attention (supported: "
-            f"{', '.join(KV_CACHE_DTYPES)}, or the model dtype); pick one of those, or set "
-            "ATOM_DISABLE_VLLM_PLUGIN=1 to run vLLM's own implementation")
-    return cache_dtype
+def vllm_config_class() -> type | None:
+    """vLLM's VllmConfig if vLLM is imported in this process, else None (then no object is one: vLLM is not
+    imported just to answer that)."""
+    return getattr(sys.modules.get("vllm.config"), "VllmConfig", None)
 
 
 def to_atom_config(vllm_config: Any) -> AtomConfig:
@@ -35,19 +26,16 @@ def to_atom_config(vllm_config: Any) -> AtomConfig:
     par, sched = vllm_config.parallel_config, vllm_config.scheduler_config
     if model is None:
         raise ValueError("VllmConfig.model_config is None: atom-core needs the model's config to build it")
-    quant = getattr(vllm_config, "quant_config", None)
-    if quant is not None:  # our layers take no quant_config: the weights would not load, or run unquantized
-        raise ValueError(
-            f"quantized models ({type(quant).__name__}) are not supported by atom-core's vLLM plugin yet; serve an "
-            "unquantized checkpoint without --quantization, or set ATOM_DISABLE_VLLM_PLUGIN=1 to run vLLM's own "
-            "implementation")
+    kv_cache_dtype = checkpoint_precision(model.hf_config, model.dtype, str(cache.cache_dtype),
+                                          host_quantization=getattr(vllm_config, "quant_config", None),
+                                          model=str(model.model), fallback=_FALLBACK)
     return AtomConfig(
         hf_config=model.hf_config,
         model_path=str(model.model),
         dtype=model.dtype,
         max_model_len=model.max_model_len,
         block_size=cache.block_size,
-        kv_cache_dtype=_kv_cache_dtype(str(cache.cache_dtype), model.dtype),
+        kv_cache_dtype=kv_cache_dtype,
         tensor_parallel_size=par.tensor_parallel_size,
         pipeline_parallel_size=par.pipeline_parallel_size,
         max_num_seqs=sched.max_num_seqs,

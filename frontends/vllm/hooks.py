@@ -27,12 +27,11 @@ def atom_platform(host: str):
 
 
 @hookimpl
-def atom_translate_config(host: str, host_config: Any):
-    if host != HOST:
-        return None
-    from atom_frontends.vllm.config import is_vllm_config, to_atom_config
+def atom_translate_config(host_config: Any):
+    from atom_frontends.vllm.config import to_atom_config, vllm_config_class
 
-    return to_atom_config(host_config) if is_vllm_config(host_config) else None
+    config_class = vllm_config_class()
+    return to_atom_config(host_config) if config_class and isinstance(host_config, config_class) else None
 
 
 @hookimpl

@@ -12,8 +12,7 @@ import torch
 from vllm.v1.attention.backend import AttentionCGSupport, AttentionMetadataBuilder, CommonAttentionMetadata
 
 from atom_core.forward_context import AttentionMetadata
-from atom_core.layers.attention import FULL_ATTENTION_OPS, MLA_OPS
-from atom_core.plugins import metadata_builder
+from atom_core.layers.attention import FULL_ATTENTION_OPS, MLA_OPS, metadata_builder_of
 from atom_kernels import dispatch
 
 
@@ -59,7 +58,7 @@ def build_metadata(common: CommonAttentionMetadata, block_size: int) -> Attentio
 
 
 class AtomMetadataBuilder(AttentionMetadataBuilder[AttentionMetadata]):
-    """vLLM's per-KV-cache-group builder; the conversion itself is the hook's answer for host vllm."""
+    """vLLM's per-KV-cache-group builder; the conversion itself is the builder attached to the group's layers."""
 
     @classmethod
     def get_cudagraph_support(cls, vllm_config: Any, kv_cache_spec: Any) -> AttentionCGSupport:
@@ -81,7 +80,9 @@ class AtomMetadataBuilder(AttentionMetadataBuilder[AttentionMetadata]):
                  device: torch.device) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         self.block_size = kv_cache_spec.block_size
-        self._build = metadata_builder(spec=kv_cache_spec, host="vllm")
+        # The builder the Attention factory attached to this KV-cache group's layers (build_metadata, above).
+        layers = vllm_config.compilation_config.static_forward_context
+        self._build = metadata_builder_of(layers[name] for name in layer_names)
         # Decodes (query length 1) first: vLLM reorders the batch so they lead.
         self._init_reorder_batch_threshold(1)
 

@@ -2,9 +2,9 @@
 
 vLLM's model contract: __init__(*, vllm_config, prefix), embed_input_ids, forward(input_ids,
 positions, intermediate_tensors, inputs_embeds) → hidden states, compute_logits(hidden) and
-load_weights(weights) → the names of every parameter loaded. The core model is built from the
-AtomConfig the atom_translate_config hook makes of the VllmConfig; vLLM compiles its decoder body
-with its own torch.compile integration (support_torch_compile), as it does for its own models,
+load_weights(weights) → the names of every parameter loaded. The core builds the model from the
+VllmConfig (atom_core.loader.build_model asks our atom_translate_config for the AtomConfig); vLLM
+compiles its decoder body with its own torch.compile integration (support_torch_compile), as it does for its own models,
 provided dynamo can trace atom_kernels' dispatcher (probed once per process); else it runs eagerly.
 """
 
@@ -20,9 +20,8 @@ from vllm.compilation.decorators import support_torch_compile
 from vllm.config import VllmConfig
 
 from atom_core.layers.kernel_warmup import warm_up_moe
-from atom_core.loader import prepare_weights
-from atom_core.models import get_model_class
-from atom_core.plugins import translate_config
+from atom_core.loader import build_model, prepare_weights
+from atom_kernels import envs
 
 logger = logging.getLogger("vllm.atom_core")
 
@@ -53,10 +52,7 @@ def kernels_traceable(device_type: str) -> bool:
 def _compile_decoder(vllm_config: VllmConfig) -> bool:
     from vllm.config import CompilationMode
 
-    from atom_core.config import env_flag
-
-    # ATOM_VLLM_COMPILE=0 runs our decoder eagerly even where vLLM compiles (a switch for debugging).
-    if not env_flag("ATOM_VLLM_COMPILE", True):
+    if not envs.ATOM_VLLM_COMPILE:  # debug switch: our decoder eagerly even where vLLM compiles
         return False
     if vllm_config.compilation_config.mode in (CompilationMode.NONE, CompilationMode.STOCK_TORCH_COMPILE):
         return False  # vLLM compiles nothing here (eager), or wraps the whole model itself
@@ -80,9 +76,7 @@ class AtomDecoder(nn.Module):
 class AtomForCausalLM(nn.Module):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
-        atom_config = translate_config(vllm_config, host="vllm")  # refuses pipeline parallelism
-        # vLLM set the default dtype and device for construction; the core model follows them.
-        self.core = get_model_class(atom_config.architecture)(atom_config, prefix=prefix)
+        self.core, atom_config, _ = build_model(vllm_config, prefix=prefix)  # refuses pipeline parallelism
         # The same decoder module, registered second: parameter names stay "core.…" (named_parameters
         # lists a shared parameter once, under its first path), so checkpoint names map as in the core.
         self.decoder = AtomDecoder(vllm_config=vllm_config, prefix=prefix, decoder=self.core.model)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 
-from atom_core.config import env_flag
+from atom_kernels import envs
 
 logger = logging.getLogger("vllm.atom_core")
 
@@ -31,7 +31,7 @@ _BUILTINS = ("tpu", "cuda", "rocm", "xpu", "cpu")
 
 
 def is_disabled() -> bool:
-    return env_flag("ATOM_DISABLE_VLLM_PLUGIN", False)
+    return envs.ATOM_DISABLE_VLLM_PLUGIN
 
 
 def register() -> None:

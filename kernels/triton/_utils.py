@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from atom_kernels import envs
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 FP8_DTYPES = (torch.float8_e4m3fn,)
@@ -69,7 +70,7 @@ def _pdl_capable(index: int) -> bool:
 def pdl(device: torch.device) -> dict:
     """Launch keywords for a kernel that starts with pdl_prologue: programmatic dependent launch on NVIDIA GPUs of
     compute capability 9 and up (switch ATOM_PDL, default 1), off elsewhere (AMD, the interpreter, the CPU)."""
-    if device.type != "cuda" or os.environ.get("ATOM_PDL", "1") == "0" or os.environ.get("TRITON_INTERPRET") == "1":
+    if device.type != "cuda" or not envs.ATOM_PDL or envs.TRITON_INTERPRET:
         return {"PDL": False}
     on = _pdl_capable(torch.cuda.current_device() if device.index is None else device.index)
     return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}

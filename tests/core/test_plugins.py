@@ -33,12 +33,24 @@ class _Claimer:
         return self.host
 
 
-def test_native_frontend_comes_from_the_entry_point():
-    from importlib.metadata import entry_points
+class _ThirdParty:
+    @hookimpl
+    def atom_detect_host(self):
+        return None
 
-    names = {ep.name for ep in entry_points(group=plugins.ENTRY_POINT_GROUP)}
-    assert "native" in names
-    assert "native" in plugins.frontend_names()
+
+def test_builtin_frontends_need_no_entry_points_and_third_party_ones_come_from_them(monkeypatch):
+    from importlib.metadata import EntryPoint
+
+    monkeypatch.setattr(plugins, "entry_points", lambda group: [])  # a source checkout never pip-installed
+    assert plugins.frontend_names() == ["native", "vllm", "sglang"]
+    plugins.reset_plugin_manager()
+    third = EntryPoint(name="third", value=f"{__name__}:_ThirdParty", group=plugins.ENTRY_POINT_GROUP)
+    clash = EntryPoint(name="native", value=f"{__name__}:_ThirdParty", group=plugins.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(plugins, "entry_points",
+                        lambda group: [third, clash] if group == plugins.ENTRY_POINT_GROUP else [])
+    assert sorted(plugins.frontend_names()) == ["native", "sglang", "third", "vllm"]
+    assert plugins.get_plugin_manager().get_plugin("native").__name__ == "atom_frontends.native.hooks"
 
 
 def test_no_host_is_a_clear_error():
@@ -112,16 +124,31 @@ def test_hook_without_answer_names_the_host():
         plugins.current_platform("mars")
 
 
-def test_attention_factory_returns_the_hosts_class():
+def test_attention_factory_returns_the_hosts_class_with_its_metadata_builder():
     from atom_core.layers import Attention
-    from atom_frontends.native.attention import NativeAttention
+    from atom_core.layers.attention import metadata_builder_of
+    from atom_frontends.native.attention import NativeAttention, NativeMLAAttention
+    from atom_frontends.native.inputs import InputBuilder
 
     with NATIVE.scope():
         layer = Attention(8, 16, 0.25, 2, sliding_window=0, prefix="model.layers.0.self_attn.attn")
-    assert isinstance(layer, NativeAttention)
+        mla = Attention(8, 24, 0.25, 1, prefix="model.layers.1.self_attn.attn", kv_lora_rank=16, qk_rope_head_dim=8)
+    assert isinstance(layer, NativeAttention) and isinstance(mla, NativeMLAAttention)
     assert layer.spec.num_kv_heads == 2 and layer.spec.sliding_window is None
+    assert layer.metadata_builder is InputBuilder and metadata_builder_of([layer, mla, object()]) is InputBuilder
+    with pytest.raises(RuntimeError, match="found 0"):
+        metadata_builder_of([object()])
     with NATIVE.scope(), pytest.raises(ValueError, match="multiple of num_kv_heads"):
         Attention(6, 16, 0.25, 4, prefix="x")
+
+
+def test_translate_config_is_answered_by_the_frontend_that_knows_the_type():
+    from atom_core.loader import build_model
+
+    with NATIVE.scope(), pytest.raises(TypeError, match="no atom-core frontend recognises a host config of type dict"):
+        build_model({"model": "x"})
+    hook = plugins.hook()
+    assert hook.atom_translate_config(host_config={"model": "x"}) is None  # vLLM's and SGLang's answer None too
 
 
 def test_trace_hooks_logs_calls():

@@ -41,6 +41,12 @@ class _GlooHost:
 
         return NativeAttention if host == "tp-test" else None
 
+    @hookimpl
+    def atom_metadata_builder(self, host, spec):
+        from atom_frontends.native.inputs import InputBuilder
+
+        return InputBuilder if host == "tp-test" else None
+
 
 def _worker(rank, world, path, port, queue):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), ATOM_HOST="tp-test")
@@ -48,8 +54,8 @@ def _worker(rank, world, path, port, queue):
     from atom_core import plugins
     from atom_core.config import AtomConfig
     from atom_core.forward_context import set_forward_context
+    from atom_core.layers.attention import metadata_builder_of
     from atom_core.loader import load_hf_config, load_model
-    from atom_frontends.native.inputs import InputBuilder
     from atom_frontends.native.request import Request
     from atom_frontends.native.sampling_params import SamplingParams
     from atom_frontends.native.scheduler import Scheduled
@@ -61,7 +67,7 @@ def _worker(rank, world, path, port, queue):
         if hasattr(layer, "kv_cache"):
             layer.kv_cache = torch.zeros(2, 8, 4, layer.spec.num_kv_heads, layer.spec.head_dim)
     req = Request("0", None, list(range(3, 3 + 11)), SamplingParams(), frozenset(), block_ids=[5, 2, 7])
-    step = InputBuilder(cfg, torch.device("cpu")).build([Scheduled(req, 11)])
+    step = metadata_builder_of(model.modules())(cfg, torch.device("cpu")).build([Scheduled(req, 11)])
     ids, md = step.input_ids, step.metadata
     with torch.inference_mode(), set_forward_context(md):
         logits = model.compute_logits(model(ids, md.positions))

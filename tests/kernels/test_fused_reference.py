@@ -61,7 +61,6 @@ def greedy(checkpoint, monkeypatch, fused: bool, **llm_args) -> tuple[list[list[
 
     calls = {"fused_qk_norm_rope_write_kv": 0, "write_kv_cache": 0}
     with monkeypatch.context() as mp:
-        mp.setenv("ATOM_FUSED_QK_NORM_ROPE", "1" if fused else "0")
         for name in calls:  # count the calls, delegating to the real ops
             real = getattr(atom_kernels, name)
 
@@ -70,7 +69,8 @@ def greedy(checkpoint, monkeypatch, fused: bool, **llm_args) -> tuple[list[list[
                 return _real(*args, **kwargs)
 
             mp.setattr(atom_kernels, name, spy)
-        llm = LLM(checkpoint, **{"block_size": 4, "enforce_eager": True, "num_kv_blocks": 256, **llm_args})
+        llm = LLM(checkpoint, **{"block_size": 4, "enforce_eager": True, "num_kv_blocks": 256,
+                                 "fused_qk_norm_rope": fused, **llm_args})
         prompts = [[5, 9, 33, 7, 81, 12, 4, 66, 90, 3, 17], [8, 8, 21], [42]]
         outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=12), use_tqdm=False)
     return [o.outputs[0].token_ids for o in outs], calls
@@ -89,10 +89,10 @@ def test_qwen3_switch_routes_through_the_fused_op(checkpoint_factory, monkeypatc
 
 def test_switch_is_ignored_with_one_log_line_by_layers_that_cannot_take_the_write(caplog, monkeypatch):
     """A host attention layer without `fuses_qk_norm_rope` (SGLang's today) keeps the
-    unfused path; asked for explicitly (ATOM_FUSED_QK_NORM_ROPE=1), the log says so once per layer class, by
-    default (on) nothing is said; the native layer takes the fused write."""
+    unfused path; asked for explicitly (fused_qk_norm_rope=True), the log says so once per layer class, by
+    default (None: where supported) nothing is said; the native layer takes the fused write; False turns it off."""
     from atom_core.layers.attention import AttentionSpec
-    from atom_core.models.llama import _fused_write_supported, _warn_fused_unsupported
+    from atom_core.models.llama import _fused_qk_norm_rope, _warn_fused_unsupported
     from atom_frontends.native.attention import NativeAttention
 
     class LayerWithoutTheOffer(torch.nn.Module):
@@ -100,11 +100,11 @@ def test_switch_is_ignored_with_one_log_line_by_layers_that_cannot_take_the_writ
 
     _warn_fused_unsupported.cache_clear()
     with caplog.at_level(logging.WARNING, logger="atom_core.models.llama"):
-        monkeypatch.delenv("ATOM_FUSED_QK_NORM_ROPE", raising=False)
-        assert not _fused_write_supported(LayerWithoutTheOffer())  # the default: nothing said
-        monkeypatch.setenv("ATOM_FUSED_QK_NORM_ROPE", "1")
-        assert not _fused_write_supported(LayerWithoutTheOffer())
-        assert not _fused_write_supported(LayerWithoutTheOffer())
+        assert not _fused_qk_norm_rope(None, LayerWithoutTheOffer())  # the default: nothing said
+        assert not _fused_qk_norm_rope(True, LayerWithoutTheOffer())
+        assert not _fused_qk_norm_rope(True, LayerWithoutTheOffer())
     said = [r.getMessage() for r in caplog.records if "ATOM_FUSED_QK_NORM_ROPE" in r.getMessage()]
     assert len(said) == 1 and "LayerWithoutTheOffer" in said[0]
-    assert _fused_write_supported(NativeAttention(AttentionSpec(4, 16, 0.25, 2, "model.layers.0.self_attn.attn")))
+    native = NativeAttention(AttentionSpec(4, 16, 0.25, 2, "model.layers.0.self_attn.attn"))
+    assert _fused_qk_norm_rope(None, native) and _fused_qk_norm_rope(True, native)
+    assert not _fused_qk_norm_rope(False, native)

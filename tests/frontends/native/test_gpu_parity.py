@@ -99,12 +99,11 @@ def test_fp32_greedy_matches_hf(checkpoint_factory, case, enforce_eager):
 
 @pytest.mark.parametrize("enforce_eager", [False, True], ids=["graphs", "eager"])
 def test_fp32_unfused_qk_norm_rope_matches_hf(checkpoint_factory, monkeypatch, enforce_eager):
-    """Qwen3's q/k norm, rotary and cache write as separate ops (ATOM_FUSED_QK_NORM_ROPE=0; the other tests here
+    """Qwen3's q/k norm, rotary and cache write as separate ops (fused_qk_norm_rope=False; the other tests here
     run the fused op, the default)."""
-    monkeypatch.setenv("ATOM_FUSED_QK_NORM_ROPE", "0")
     path = checkpoint_factory("Qwen3ForCausalLM", **HD128)
     prompts = random_prompts(LENGTHS, seed=15)
-    llm = native(path, "float32", enforce_eager)
+    llm = native(path, "float32", enforce_eager, fused_qk_norm_rope=False)
     assert not any(layer.self_attn.fused_qk_norm_rope for layer in llm.engine.model.model.layers)
     assert greedy(llm, prompts, 32) == hf_greedy(path, prompts, 32)
 
@@ -126,12 +125,11 @@ def test_fp32_batch_1_fused_norm_and_silu_match_hf(checkpoint_factory, monkeypat
 
 @pytest.mark.parametrize("enforce_eager", [False, True], ids=["graphs", "eager"])
 def test_fp32_mla_metadata_rebuilt_each_step_matches_hf(checkpoint_factory, monkeypatch, enforce_eager):
-    """ATOM_USE_PERSISTENT_MLA_DECODE_METADATA=0: the MLA kernels make the decode metadata themselves (inside the
+    """persistent_mla_decode_metadata=False: the MLA kernels make the decode metadata themselves (inside the
     captured graphs with graphs on)."""
-    monkeypatch.setenv("ATOM_USE_PERSISTENT_MLA_DECODE_METADATA", "0")
     path = checkpoint_factory("DeepseekV3ForCausalLM")
     prompts = random_prompts(LENGTHS, seed=16)
-    llm = native(path, "float32", enforce_eager)
+    llm = native(path, "float32", enforce_eager, persistent_mla_decode_metadata=False)
     assert llm.engine.runner.inputs.mla_buffers is None
     assert greedy(llm, prompts, 32) == hf_greedy(path, prompts, 32)
 

@@ -1,7 +1,7 @@
 """The native MLA decode metadata (kv_indptr / kv_indices, refilled in persistent buffers by the InputBuilder) on
 the CPU reference path: against the contract written out with Python lists from the scheduled requests' block
 ids, and against a rebuild in fresh tensors, over many steps of changing batch sizes, mixed query lengths and
-padded CUDA-graph steps; max_query_len; the ATOM_USE_PERSISTENT_MLA_DECODE_METADATA switch."""
+padded CUDA-graph steps; max_query_len; the persistent_mla_decode_metadata switch."""
 
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ from atom_kernels.reference.mla import mla_decode_metadata
 BLOCK, MAX_SEQS, MAX_LEN = 4, 8, 64
 
 
-def builder(hf_config=None) -> InputBuilder:
+def builder(hf_config=None, **switches) -> InputBuilder:
     cfg = AtomConfig(hf_config=hf_config or DeepseekV3Config(kv_lora_rank=24), block_size=BLOCK,
-                     max_model_len=MAX_LEN, max_num_seqs=MAX_SEQS, max_num_batched_tokens=128)
+                     max_model_len=MAX_LEN, max_num_seqs=MAX_SEQS, max_num_batched_tokens=128, **switches)
     return InputBuilder(cfg, torch.device("cpu"))
 
 
@@ -98,9 +98,8 @@ def test_mixed_query_lengths_and_max_query_len():
         assert meta.kv_indptr.tolist() == indptr and meta.kv_indices[: len(indices)].tolist() == indices
 
 
-def test_switch_off_rebuilds_every_step(monkeypatch):
-    monkeypatch.setenv("ATOM_USE_PERSISTENT_MLA_DECODE_METADATA", "0")
-    inputs = builder()
+def test_switch_off_rebuilds_every_step():
+    inputs = builder(persistent_mla_decode_metadata=False)
     assert inputs.mla_buffers is None
     rng = random.Random(2)
     seen = set()
@@ -115,8 +114,11 @@ def test_switch_off_rebuilds_every_step(monkeypatch):
     assert len(seen) == 3  # fresh tensors every step
 
 
-def test_switch_is_read_from_the_environment(monkeypatch):
+def test_switch_default_is_read_from_the_environment(monkeypatch):
     assert builder().mla_buffers is not None  # default on
+    monkeypatch.setenv("ATOM_USE_PERSISTENT_MLA_DECODE_METADATA", "0")
+    assert builder().mla_buffers is None
+    assert builder(persistent_mla_decode_metadata=True).mla_buffers is not None  # the field wins
     monkeypatch.setenv("ATOM_USE_PERSISTENT_MLA_DECODE_METADATA", "maybe")
     with pytest.raises(ValueError, match="ATOM_USE_PERSISTENT_MLA_DECODE_METADATA='maybe'"):
         builder()
@@ -147,9 +149,8 @@ def test_deepseek_decode_step_syncs_only_to_read_tokens(checkpoint_factory, monk
     from atom_frontends.native import LLM
     from tests.frontends.native.test_gpu_sync import sync_sites_per_step
 
-    monkeypatch.setenv("ATOM_USE_PERSISTENT_MLA_DECODE_METADATA", persistent)
     llm = LLM(checkpoint_factory("DeepseekV3ForCausalLM"), dtype="bfloat16", num_kv_blocks=256, max_num_seqs=4,
-              enforce_eager=enforce_eager)
+              enforce_eager=enforce_eager, persistent_mla_decode_metadata=persistent == "1")
     assert (llm.engine.runner.graphs is None) == enforce_eager
     assert (llm.engine.runner.inputs.mla_buffers is not None) == (persistent == "1")
     for sites in sync_sites_per_step(llm, steps=5):

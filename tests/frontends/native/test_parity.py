@@ -98,13 +98,11 @@ def preemption_with_prefix_cache(checkpoint_factory, checkpoint: Checkpoint = CA
 
 def unfused_prologue(checkpoint_factory,
                      checkpoint: Checkpoint = ("Qwen3ForCausalLM", dict(tie_word_embeddings=False))) -> Outcome:
-    """Qwen3's q/k norm, rotary and KV write as separate ops (ATOM_FUSED_QK_NORM_ROPE=0; the other scenarios
+    """Qwen3's q/k norm, rotary and KV write as separate ops (fused_qk_norm_rope=False; the other scenarios
     run the fused op, the default), with prompts chunked so later chunks read what earlier ones wrote."""
     path = checkpoint_factory(checkpoint[0], **checkpoint[1])
     prompts = random_prompts(LENGTHS, seed=8)
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("ATOM_FUSED_QK_NORM_ROPE", "0")  # read when the engine's config is made
-        llm = LLM(path, block_size=4, max_num_batched_tokens=24)
+    llm = LLM(path, block_size=4, max_num_batched_tokens=24, fused_qk_norm_rope=False)
     assert not any(layer.self_attn.fused_qk_norm_rope for layer in llm.engine.model.model.layers)
     return _generate(llm, prompts), hf_greedy(path, prompts, NEW_TOKENS)
 

@@ -21,8 +21,7 @@ def test_frontend_imports_without_sglang():
         "import sys\n"
         "sys.modules['sglang'] = None  # any import of sglang now fails\n"
         "import atom_frontends.sglang, atom_frontends.sglang.hooks, atom_frontends.sglang.plugin\n"
-        "import atom_frontends.sglang.models.qwen3, atom_frontends.sglang.models.llama\n"
-        "import atom_frontends.sglang.models.deepseek_v2, atom_frontends.sglang.models.deepseek_v3\n"
+        "import atom_frontends.sglang.models.entry\n"
         "from atom_core.plugins import frontend_names\n"
         "assert 'sglang' in frontend_names(), frontend_names()\n"
         "print('imported')\n"
@@ -34,12 +33,13 @@ def test_frontend_imports_without_sglang():
 def test_import_model_classes_strict_imports_every_module():
     from sglang.srt.models.registry import ModelRegistry, import_model_classes
 
-    from atom_frontends.sglang.adapters import adapted_architectures
+    from atom_core.models import supported_architectures
     from atom_frontends.sglang.wrapper import AtomSGLangModel
 
     classes = import_model_classes(MODELS, strict=True)
-    assert sorted(classes) == adapted_architectures() == ["DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM",
-                                                          "LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"]
+    assert sorted(classes) == supported_architectures() == ["DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM",
+                                                            "LlamaForCausalLM", "Qwen3ForCausalLM",
+                                                            "Qwen3MoeForCausalLM"]
     for arch, cls in classes.items():
         assert cls.__name__ == arch and issubclass(cls, AtomSGLangModel)
         assert cls.__module__.startswith(MODELS + ".")
@@ -72,19 +72,21 @@ def test_plugin_entry_point_registers_backend_and_cli_choice(sglang_checkpoint):
 def test_config_translated_from_sglang_objects(sglang_checkpoint):
     from transformers import AutoConfig
 
-    from atom_core.plugins import current_platform, translate_config
+    from atom_core.plugins import current_platform, hook
     from atom_frontends.sglang.config import SGLangModelConfig
+
+    def translate_config(host_config):  # as atom_core.loader.build_model asks it
+        return hook().atom_translate_config(host_config=host_config)
 
     path = sglang_checkpoint("llama")
     hf_config = AutoConfig.from_pretrained(str(path), local_files_only=True)
     hf_config.context_len = 300  # what SGLang's ModelConfig resolves and hands the model
     with sglang_runtime(path) as server_args:
         host_config = SGLangModelConfig.from_model_init(hf_config, prefix="")
-        config = translate_config(host_config, host="sglang")
+        config = translate_config(host_config)
         platform = current_platform("sglang")
-        with pytest.raises(ValueError, match="quantized checkpoints"):
-            translate_config(SGLangModelConfig(hf_config, server_args, torch.float32, quant_config=object()),
-                             host="sglang")
+        with pytest.raises(ValueError, match=r"quantized models \(object\) .*SGLANG_EXTERNAL_MODEL_PACKAGE"):
+            translate_config(SGLangModelConfig(hf_config, server_args, torch.float32, quant_config=object()))
     assert host_config.server_args is server_args
     assert (config.model_path, config.dtype, config.max_model_len) == (str(path), torch.float32, 300)
     assert (config.tensor_parallel_size, config.block_size, config.kv_cache_dtype) == (1, 1, "auto")
@@ -112,9 +114,8 @@ def test_hooks_answer_only_for_sglang():
 
     spec = AttentionSpec(4, 16, 0.25, 2, "model.layers.0.self_attn.attn")
     assert hooks.atom_attention_impl(host="native", spec=spec) is None
-    assert hooks.atom_metadata_builder(host="vllm", spec=None) is None
-    assert hooks.atom_translate_config(host="native", host_config=object()) is None
-    assert hooks.atom_translate_config(host="sglang", host_config=object()) is None  # not SGLang's object
+    assert hooks.atom_metadata_builder(host="vllm", spec=spec) is None
+    assert hooks.atom_translate_config(host_config=object()) is None  # not SGLang's object
     assert hooks.atom_platform(host="native") is None
     assert hooks.atom_attention_impl(host="sglang", spec=spec).__name__ == "SGLangAttention"
     mla = AttentionSpec(4, 24, 0.25, 1, "model.layers.0.self_attn.attn", kv_lora_rank=16, qk_rope_head_dim=8)

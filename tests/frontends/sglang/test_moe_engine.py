@@ -19,7 +19,7 @@ def test_qwen3_moe_matches_transformers(checkpoint_factory, prompts):
     from sglang.srt.models.registry import ModelRegistry
 
     model_cls, _ = ModelRegistry.resolve_model_cls([CHECKPOINT[0]])
-    assert model_cls.__module__ == "atom_frontends.sglang.models.qwen3_moe"  # ours, not SGLang's
+    assert model_cls.__module__ == "atom_frontends.sglang.models.entry"  # ours, not SGLang's
     path = checkpoint_factory(CHECKPOINT[0], **CHECKPOINT[1])
     followups = [p + tail for p, tail in zip(prompts[2:4], random_prompts([5, 11], seed=3))]
     with sglang_engine(path, attention_backend="atom") as engine:

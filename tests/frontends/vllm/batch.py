@@ -35,14 +35,20 @@ def common_metadata(g: torch.Generator):
 
 
 def atom_builder():
-    """Our metadata builder as vLLM makes it for a KV-cache group of this batch's shape."""
-    from vllm.config import VllmConfig
+    """Our metadata builder as vLLM makes it for a KV-cache group of this batch's shape: the group's layer made by
+    the core's Attention factory (which attaches the builder vLLM's AtomMetadataBuilder then uses)."""
+    from vllm.config import VllmConfig, set_current_vllm_config
     from vllm.v1.kv_cache_interface import FullAttentionSpec
 
+    from atom_core.layers.attention import Attention
+    from atom_frontends.vllm.hooks import VLLM
     from atom_frontends.vllm.metadata import AtomMetadataBuilder
 
+    cfg, prefix = VllmConfig(), "model.layers.0.self_attn.attn"
+    with set_current_vllm_config(cfg), VLLM.scope():
+        Attention(HEADS, D, D**-0.5, KV_HEADS, prefix=prefix)  # registers itself in cfg's forward context
     spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=KV_HEADS, head_size=D, dtype=torch.float32)
-    return AtomMetadataBuilder(spec, ["model.layers.0.self_attn.attn"], VllmConfig(), torch.device("cpu"))
+    return AtomMetadataBuilder(spec, [prefix], cfg, torch.device("cpu"))
 
 
 def pad_rows(x: torch.Tensor) -> torch.Tensor:
