@@ -19,7 +19,7 @@ def paged_attention(
     """Varlen causal attention over paged KV; see atom_kernels.reference.attention for the contract.
 
     `hints` (max_query_len, max_seq_len, num_decodes, ...) let GPU kernels size their grids without
-    a host sync; every backend takes `plan_cache` (a per-step dict, see AttentionMetadata.scratch), the
+    a host sync; every backend takes `plan_cache` (a per-step dict, see AttentionMetadata.plan_cache), the
     reference only that.
     """
     fn = dispatch.get("paged_attention", query.device)
@@ -41,7 +41,8 @@ def write_latent_cache(latent, cache, slot_mapping, scale=None) -> None:
 def mla_attention(query, cache, block_tables, seq_lens, query_start_loc, scale, kv_lora_rank,
                   cache_scale=None, out=None, plan_cache=None, **hints) -> torch.Tensor:
     """Absorbed MLA over a paged latent cache: query [T, heads, r + rope] → [T, heads, r]; see
-    atom_kernels.reference.mla for the contract. `hints` as for paged_attention (GPU kernels only)."""
+    atom_kernels.reference.mla for the contract. `hints` as for paged_attention, and decode_metadata (the step's
+    MLADecodeMetadata where the host made it), for the GPU kernels only."""
     fn = dispatch.get("mla_attention", query.device)
     kwargs = hints if dispatch.backend("mla_attention", query.device) != "torch" else {}
     return fn(query, cache, block_tables, seq_lens, query_start_loc, scale, kv_lora_rank, cache_scale, out,

@@ -68,13 +68,11 @@ def _metadata(q_lens: list[int], seq_lens: list[int], hint: int, block_size: int
     as_int = dict(dtype=torch.int32, device=device)
     qsl = torch.tensor([0, *itertools.accumulate(q_lens)], **as_int)
     tokens = sum(q_lens)
-    return AttentionMetadata(
-        slot_mapping=torch.full((tokens,), -1, dtype=torch.int64, device=device),
+    return AttentionMetadata.from_query_lens(
+        q_lens, slot_mapping=torch.full((tokens,), -1, dtype=torch.int64, device=device),
         block_tables=torch.zeros(len(q_lens), -(-max(hint, *seq_lens) // block_size), **as_int),
         seq_lens=torch.tensor(seq_lens, **as_int), query_start_loc=qsl,
-        positions=torch.zeros(tokens, dtype=torch.int64, device=device),
-        max_query_len=max(q_lens), max_seq_len=hint,
-        num_prefills=sum(q > 1 for q in q_lens), num_decodes=sum(q == 1 for q in q_lens), block_size=block_size,
+        positions=torch.zeros(tokens, dtype=torch.int64, device=device), max_seq_len=hint,
     )
 
 

@@ -117,7 +117,7 @@ def write_kv_cache(key, value, k_cache, v_cache, slot_mapping, k_scale=None, v_s
 
 
 def _scheduler_metadata(plan_cache: dict | None, query, key_pages, seq_lens, query_start_loc, window: int):
-    """vLLM's per-step work split for this batch: made by the step's first layer, kept in its scratch."""
+    """vLLM's per-step work split for this batch: made by the step's first layer, kept in its plan_cache."""
     heads, (_, kv_heads, block_size, head_dim) = query.shape[1], key_pages.shape
     return step_memo(plan_cache, ("vllm_cpu.scheduler_metadata", heads, kv_heads, head_dim, query.dtype, block_size,
                                   window),

@@ -30,7 +30,7 @@ def _positions(common: CommonAttentionMetadata, num_tokens: int) -> torch.Tensor
     return (common.seq_lens[req] - qsl[1:][req] + t).long()
 
 
-def build_metadata(common: CommonAttentionMetadata, block_size: int) -> AttentionMetadata:
+def build_metadata(common: CommonAttentionMetadata) -> AttentionMetadata:
     """One vLLM batch (requests in vLLM's order; with our builder, decodes first) → AttentionMetadata
     over its real tokens only.
 
@@ -42,19 +42,14 @@ def build_metadata(common: CommonAttentionMetadata, block_size: int) -> Attentio
     """
     qsl_cpu = common.query_start_loc_cpu
     n = int(qsl_cpu[-1])  # host tensor: no device sync
-    q_lens = (qsl_cpu[1:] - qsl_cpu[:-1]).tolist()
-    decodes = sum(1 for q in q_lens if q == 1)
-    return AttentionMetadata(
+    return AttentionMetadata.from_query_lens(
+        (qsl_cpu[1:] - qsl_cpu[:-1]).tolist(),  # padding requests: 0
         slot_mapping=common.slot_mapping[:n],
         block_tables=common.block_table_tensor,
         seq_lens=common.seq_lens,
         query_start_loc=common.query_start_loc,
         positions=_positions(common, n),
-        max_query_len=common.max_query_len,
         max_seq_len=common.max_seq_len,
-        num_prefills=sum(1 for q in q_lens if q > 1),  # padding requests (q == 0) are neither
-        num_decodes=decodes,
-        block_size=block_size,
     )
 
 
@@ -80,11 +75,10 @@ class AtomMetadataBuilder(AttentionMetadataBuilder[AttentionMetadata]):
     def __init__(self, kv_cache_spec: Any, layer_names: list[str], vllm_config: Any,
                  device: torch.device) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
-        self.block_size = kv_cache_spec.block_size
         self._build = metadata_builder(spec=kv_cache_spec, host="vllm")
         # Decodes (query length 1) first: vLLM reorders the batch so they lead.
         self._init_reorder_batch_threshold(1)
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> AttentionMetadata:
-        return self._build(common_attn_metadata, self.block_size)
+        return self._build(common_attn_metadata)

@@ -49,7 +49,7 @@ def paged_attention(
 
     Hints are optional upper bounds from the metadata; without them both kernels are launched.
     num_prefills is accepted for symmetry with the metadata but not needed. plan_cache: the step's memo
-    (AttentionMetadata.scratch), where the decode launch order is made once for every layer.
+    (AttentionMetadata.plan_cache), where the decode launch order is made once for every layer.
     """
     if out is None:
         out = torch.empty_like(query)

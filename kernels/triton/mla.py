@@ -41,13 +41,13 @@ def check_mla_args(query, cache, block_tables, seq_lens, query_start_loc, kv_lor
 
 
 def mla_attention(query, cache, block_tables, seq_lens, query_start_loc, scale, kv_lora_rank, cache_scale=None,
-                  out=None, plan_cache=None, max_query_len=None, max_seq_len=None, num_decodes=None,
-                  num_prefills=None) -> torch.Tensor:
+                  out=None, plan_cache=None, decode_metadata=None, max_query_len=None, max_seq_len=None,
+                  num_decodes=None, num_prefills=None) -> torch.Tensor:
     """query [T, heads, r + rope], cache [num_blocks, block_size, r + rope] (any strides) → out [T, heads, r].
 
-    plan_cache: the metadata's per-step scratch (the MLA decode metadata is made once a step there, in the
-    host's persistent buffers when it lends them, and so is the decode launch order). Hints are optional upper
-    bounds; without them both kernels run. num_prefills is accepted for symmetry with the metadata but not needed.
+    plan_cache: the metadata's per-step memo (the decode launch order is made once a step there, and so is the
+    MLA decode metadata unless decode_metadata, the host's, is given). Hints are optional upper bounds; without
+    them both kernels run. num_prefills is accepted for symmetry with the metadata but not needed.
     """
     if out is None:
         out = query.new_empty(*query.shape[:2], kv_lora_rank)
@@ -63,7 +63,9 @@ def mla_attention(query, cache, block_tables, seq_lens, query_start_loc, scale, 
         launch_mla_prefill(query, cache, block_tables, seq_lens, query_start_loc, qk_scale, kv_lora_rank,
                            cache_scale, out, skip_decodes=run_decode, **cfg)
     if run_decode:
-        meta = mla_decode_metadata(block_tables, seq_lens, cache.shape[1], plan_cache)
+        meta = decode_metadata
+        if meta is None:
+            meta = mla_decode_metadata(block_tables, seq_lens, cache.shape[1], plan_cache)
         longest = max_seq_len if max_seq_len is not None else block_tables.shape[1] * cache.shape[1]
         cfg = mla_decode_config(seq_lens.shape[0], query.shape[1], longest, query.device, query.dtype,
                                 cache.dtype, wgmma_fits(query, cache, kv_lora_rank, out))

@@ -35,7 +35,7 @@ class EagerGraphs:
     def replay(self, size: int):
         self.replays += 1
         step = self.steps[size]
-        step.metadata.scratch.clear()
+        step.metadata.plan_cache.clear()
         with set_forward_context(step.metadata):
             return self.step_fn(step)
 

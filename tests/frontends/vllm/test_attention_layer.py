@@ -102,7 +102,7 @@ def test_attention_stays_opaque_under_guard_free_compile():
                              options={"guard_filter_fn": torch.compiler.skip_all_guards_unsafe})
     with set_forward_context(None, cfg):  # warm-up / profiling: no metadata
         assert torch.count_nonzero(compiled(query, key, value)) == 0
-    with set_forward_context({PREFIX: build_metadata(common, BLOCK)}, cfg):
+    with set_forward_context({PREFIX: build_metadata(common)}, cfg):
         out = compiled(query, key, value)
     assert len(graphs) == 1  # one trace, reused: the second call ran the warm-up's graph
     torch.testing.assert_close(out, sdpa_reference(query, k_all, v_all, D**-0.5))

@@ -96,7 +96,7 @@ def test_scheduler_metadata_is_made_once_per_step(host_kernels, monkeypatch):
     _, scratch = _step(_kv_cache(32, True, torch.float32), 32, torch.float32, None, torch.Generator().manual_seed(1))
     sched = next(iter(scratch.values()))
     table, _, seq_lens, qsl = _batch(32, torch.Generator().manual_seed(1))
-    for _ in range(3):  # further layers of the same step (scratch is the step's AttentionMetadata.scratch)
+    for _ in range(3):  # further layers of the same step (scratch is the step's AttentionMetadata.plan_cache)
         q = torch.randn(sum(n for _, n in REQUESTS), HEADS, D)
         atom_kernels.paged_attention(q, *split_kv_cache(_kv_cache(32, True, torch.float32), D), table, seq_lens,
                                      qsl, D**-0.5, plan_cache=scratch)
