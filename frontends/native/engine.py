@@ -21,7 +21,6 @@ from atom_core.loader import load_model
 from atom_core.plugins import current_platform, translate_config
 from atom_frontends.native.block_manager import BlockManager
 from atom_frontends.native.checkpoint_files import eos_token_ids, load_tokenizer
-from atom_frontends.native.cpu_kernels import register_host_kernels
 from atom_frontends.native.detokenizer import Detokenizer
 from atom_frontends.native.engine_args import EngineArgs
 from atom_frontends.native.hooks import NATIVE
@@ -40,7 +39,6 @@ class LLMEngine:
         with NATIVE.scope():
             self.config = translate_config(args, host="native")
             self.platform = current_platform("native")
-            register_host_kernels(self.platform.device)  # CPU: cpu_kernels.py, before weights are packed
             self.model = load_model(self.config, self.platform.device)
             self.runner = ModelRunner(self.model, self.config, self.platform, args.seed)
         # The KV cache is sized from the memory left once the weights are loaded (measured, not estimated) and

@@ -160,6 +160,6 @@ class AtomAttentionBackend(AttentionBackend):
         # match our logical [blocks, block_size, kv_heads, head_dim] best, so they come first, unless
         # vLLM's CPU attention kernels serve our ops (cpu_kernels.py): they read head-major pages only.
         first = (KVCacheLayout.LBNHC, KVCacheLayout.BLNHC)
-        if dispatch.backend_for("paged_attention", "cpu") == "host":
+        if dispatch.backend_for("paged_attention", "cpu") == "provided":
             first = (KVCacheLayout.LBHNC, *first)
         return first + tuple(layout for layout in KVCacheLayout if layout not in first)
