@@ -46,7 +46,7 @@ class AttentionMetadata:
     def from_query_lens(cls, query_lens: Sequence[int], *, slot_mapping: torch.Tensor, block_tables: torch.Tensor,
                         seq_lens: torch.Tensor, query_start_loc: torch.Tensor, positions: torch.Tensor,
                         max_seq_len: int, mla_decode: MLADecodeMetadata | None = None) -> AttentionMetadata:
-        """The metadata of a batch whose sequence i has query_lens[i] new tokens (host-side ints, one per
+        """The metadata of a batch whose sequence i has query_lens[i] new tokens (CPU-side ints, one per
         seq_lens entry; 0 for a host's padding request): max_query_len and the prefill/decode counts follow
         from them. The tensors are taken as they are (views of the host's buffers, no copies)."""
         lens = query_lens if isinstance(query_lens, list) else list(query_lens)

@@ -162,7 +162,7 @@ def gpu_times(fns: dict, rounds: int = ROUNDS, reps: int = REPS) -> tuple[dict, 
                 end.record()
             if gate.query():  # the GPU caught up with the host: launch gaps may be inside the events
                 host_s[name] *= 4
-                print(f"  (host-bound round for {name}: sleeping longer from now on)", flush=True)
+                print(f"  (CPU-bound round for {name}: sleeping longer from now on)", flush=True)
             torch.cuda.synchronize()
             times[name].extend(s.elapsed_time(e) for s, e in events)
     return times, failed

@@ -4,7 +4,7 @@ At decode batch 1 / 32 / 256 (block size 16, block tables as wide as the native 
 max_model_len 8192, context lengths up to 4096): the step's kv_indptr / kv_indices through
 atom_kernels.reference.mla.mla_decode_metadata as the native InputBuilder runs it each step, with the
 persistent buffers lent (ATOM_USE_PERSISTENT_MLA_DECODE_METADATA=1) or without (=0: new
-tensors every step, as the kernels then make it). Two times per step: host (wall clock of 2000 back-to-back
+tensors every step, as the kernels then make it). Two times per step: CPU (wall clock of 2000 back-to-back
 builds, synchronised once at the end: what a decode step's CPU pays, launches included) and GPU (CUDA events
 around 200 builds). Also: the device-to-device copies the design avoids (positions are the forward context's
 own tensor, kv_indptr is cumsum'd in place instead of computed then copied), timed as one copy of the
@@ -94,7 +94,7 @@ def main() -> int:
         say(f"\nbatch {batch}: {total} pages")
         for name, (h, d) in times.items():
             say(f"  {name:10s} host {h:7.1f} us/step   GPU {d:7.1f} us/step")
-        say(f"  avoided d2d copy of the positions: {copy:.1f} us GPU (a launch on the host too)")
+        say(f"  avoided d2d copy of the positions: {copy:.1f} us GPU (a launch on the CPU too)")
         rows.append((batch, times, copy))
     say("\nbatch  persistent host us  rebuilt host us  persistent GPU us  rebuilt GPU us  d2d avoided us  "
         "ratio host  ratio GPU")

@@ -38,7 +38,7 @@ OPS = (
     "rms_norm_linear", "silu_and_mul_linear", "sample_tokens",
 )
 BACKENDS = ("provided", "triton", "cpu", "torch")
-# Pure tensor maths with no host sync and no data-dependent shape: traced as the reference under a compiler.
+# Pure tensor maths with no device sync and no data-dependent shape: traced as the reference under a compiler.
 COMPILER_FUSES = frozenset({"rms_norm", "rotary", "silu_and_mul", "rms_norm_linear", "silu_and_mul_linear"})
 # The _RESOLVED key of those traced calls: no device type is named so, and every device but CUDA runs the
 # torch reference (backend_for).

@@ -4,7 +4,7 @@ JIT kernels (Triton) compile one variant per shape class. The attention kernels 
 power-of-two bucket of the longest query, run decodes by a separate kernel whose split count (and merge
 tile) follows the power-of-two bucket of the context-length hint, and skip decodes or not by whether the
 batch has any; the MoE kernels pick GEMV or tiled GEMMs, tiles and the alignment's chunk by the step's
-token count. A class first met mid-serving costs its compile time (0.3-1 s on an H100 host) inside a step:
+token count. A class first met mid-serving costs its compile time (0.3-1 s on an H100 machine) inside a step:
 measured in vLLM on the H100, the first prefix-cache hit of a run (a 16-token query over a cached prefix)
 cost ~0.45 s and cut batch-1 decode throughput to 0.37 of vLLM's own.
 

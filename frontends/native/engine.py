@@ -5,7 +5,7 @@ and applies the tokens of batch n-1, so the host's work for batch n+1 runs while
 batch n. A request whose token is still on the device is scheduled with it as its next input (the
 runner reads it on the device); when that token turns out to end the request (EOS, stop token or
 string), the request's part of the batch launched meanwhile is dropped and its blocks are freed.
-Requests ending by length are known on the host and get no such extra work.
+Requests ending by length are known on the CPU and get no such extra work.
 """
 
 from __future__ import annotations

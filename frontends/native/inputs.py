@@ -1,7 +1,7 @@
 """Step inputs of the native runner (the native `atom_metadata_builder`): token ids, the core
 AttentionMetadata and the rows to sample, built without waiting for the GPU.
 
-Everything is written with numpy into two persistent host buffers (pinned on GPU) and reaches
+Everything is written with numpy into two persistent CPU buffers (pinned on GPU) and reaches
 two persistent device buffers with two non-blocking copies. Per step the buffers hold
   int64: [input_ids (T) | positions (T) | slot_mapping (T) | logits_indices (R)]
   int32: [seq_lens (S) | query_start_loc (S+1) | block_tables (S*W)]
@@ -9,7 +9,7 @@ For a CUDA-graph step of padded size G: T = S = G and W = the full table width, 
 captured for size G reads the same addresses on every replay; the graph's sampling inputs follow
   int64: [... | logits_indices (R <= G, room for G) | seeds (G)]  (Philox keys of sample_tokens)
   int32: [... | block_tables (G*W) | temperature (G, float32 bits)]  (0: argmax; padding rows 0)
-On CPU host and device buffers are the same tensors.
+On CPU the CPU and device buffers are the same tensors.
 
 MLA models (a config with kv_lora_rank) also get the MLA decode metadata (kv_indptr, kv_indices: see
 atom_kernels.reference.mla) once per step, on the device, into the metadata's mla_decode where the MLA kernels
@@ -82,9 +82,9 @@ class InputBuilder:
         tokens = max(config.max_num_batched_tokens, seqs)
         sizes = {torch.int64: 3 * tokens + 2 * seqs, torch.int32: 3 * seqs + 1 + seqs * self.width}
         pin = device.type == "cuda"
-        self.host = {dt: torch.zeros(n, dtype=dt, pin_memory=pin) for dt, n in sizes.items()}
-        self.dev = {dt: torch.zeros(n, dtype=dt, device=device) for dt, n in sizes.items()} if pin else self.host
-        self.np64, self.np32 = self.host[torch.int64].numpy(), self.host[torch.int32].numpy()
+        self.cpu = {dt: torch.zeros(n, dtype=dt, pin_memory=pin) for dt, n in sizes.items()}
+        self.dev = {dt: torch.zeros(n, dtype=dt, device=device) for dt, n in sizes.items()} if pin else self.cpu
+        self.np64, self.np32 = self.cpu[torch.int64].numpy(), self.cpu[torch.int32].numpy()
         # The pinned buffers are rewritten each step: wait until the last step's copies have read them.
         self.copied = torch.cuda.Event() if pin else None
         self._graph_cache: dict[tuple[int, int], StepInputs] = {}
@@ -148,7 +148,7 @@ class InputBuilder:
 
     def _refill_mla(self, md: AttentionMetadata) -> None:
         """The step's MLA decode metadata in the persistent buffers (device work queued behind the copies, no
-        host sync), in md.mla_decode for every MLA layer of the step."""
+        device sync), in md.mla_decode for every MLA layer of the step."""
         md.mla_decode = mla_decode_metadata(md.block_tables, md.seq_lens, self.block_size, buffers=self.mla_buffers)
 
     def _fill_decodes(self, batch: list[Scheduled], s_: int, t_: int) -> None:
@@ -197,7 +197,7 @@ class InputBuilder:
         if self.copied is None:
             return
         for dt, n in ((torch.int64, n64), (torch.int32, n32)):
-            self.dev[dt][:n].copy_(self.host[dt][:n], non_blocking=True)
+            self.dev[dt][:n].copy_(self.cpu[dt][:n], non_blocking=True)
         self.copied.record()
 
     def views(self, s_: int, t_: int, w: int, n_logits: int, q_lens: list[int], max_seq_len: int) -> StepInputs:

@@ -18,7 +18,7 @@ EXTEND_MODES = ("EXTEND", "MIXED")
 
 
 def _cpu_list(host: list | torch.Tensor | None, device_tensor: torch.Tensor) -> list[int]:
-    """A host copy SGLang already keeps, else one sync to read the device tensor."""
+    """A CPU copy SGLang already keeps, else one sync to read the device tensor."""
     if host is None:
         host = device_tensor
     return [int(x) for x in (host.tolist() if isinstance(host, torch.Tensor) else host)]

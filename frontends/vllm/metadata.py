@@ -1,7 +1,7 @@
 """vLLM's CommonAttentionMetadata → the core's AttentionMetadata (the vLLM `atom_metadata_builder`).
 
 No device copies: every tensor of the result is a view of one vLLM already holds on the device;
-the prefill/decode counts come from the host-side query_start_loc_cpu (no device sync).
+the prefill/decode counts come from the CPU-side query_start_loc_cpu (no device sync).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def build_metadata(common: CommonAttentionMetadata) -> AttentionMetadata:
     result's slot_mapping and positions cover those (its num_tokens), the layer leaves the rest out.
     """
     qsl_cpu = common.query_start_loc_cpu
-    n = int(qsl_cpu[-1])  # host tensor: no device sync
+    n = int(qsl_cpu[-1])  # CPU tensor: no device sync
     return AttentionMetadata.from_query_lens(
         (qsl_cpu[1:] - qsl_cpu[:-1]).tolist(),  # padding requests: 0
         slot_mapping=common.slot_mapping[:n],
@@ -62,7 +62,7 @@ class AtomMetadataBuilder(AttentionMetadataBuilder[AttentionMetadata]):
         never sync, size their grids from tensor shapes and the capture's hints (vLLM captures with
         max_seq_len = max_model_len, an upper bound they stay correct under), and skip the padding
         requests of a replay (query length 0); every tensor of our metadata is a view of the runner's
-        persistent buffers. The torch reference reads host values (.tolist()): no full graphs, vLLM
+        persistent buffers. The torch reference reads CPU values (.tolist()): no full graphs, vLLM
         then captures only the pieces between attention ops (piecewise), or nothing."""
         from vllm.v1.kv_cache_interface import MLAAttentionSpec
 

@@ -143,7 +143,7 @@ def test_buffers_too_small_for_a_step_are_named():
 @pytest.mark.parametrize("persistent", ["1", "0"], ids=["persistent", "rebuilt"])
 @pytest.mark.parametrize("enforce_eager", [False, True], ids=["graphs", "eager"])
 def test_deepseek_decode_step_syncs_only_to_read_tokens(checkpoint_factory, monkeypatch, enforce_eager, persistent):
-    """The MLA decode metadata (refilled or rebuilt), the latent write and the MLA kernels add no host sync to a
+    """The MLA decode metadata (refilled or rebuilt), the latent write and the MLA kernels add no device sync to a
     decode step, which has none (test_gpu_sync: its one wait is on the event after the tokens' copy)."""
     from atom_frontends.native import LLM
     from tests.frontends.native.test_gpu_sync import sync_sites_per_step
