@@ -200,6 +200,14 @@ def backend(op: str, device: torch.device) -> str:
     return _entry(op, _key(op, device))[0]
 
 
+def warm_up_shapes(op: str, device: torch.device) -> Callable | None:
+    """The `warm_up_shapes` function of the module whose kernel runs `op` on `device`: kernels that compile one
+    variant per shape class (Triton) state there, next to their bucketing, the shapes reaching every class. None
+    where the kernel compiles nothing (the torch reference, the CPU kernels, provided kernels)."""
+    module = _IMPLS[op][backend(op, device)].split(":")[0]
+    return getattr(importlib.import_module(module), "warm_up_shapes", None)
+
+
 def describe(device_type: str) -> dict[str, str]:
     """op → backend on this device type (for `atom-core info`)."""
     return {op: backend_for(op, device_type) for op in _IMPLS}

@@ -24,7 +24,7 @@ import torch
 import atom_kernels
 from atom_core.config import AtomConfig
 from atom_core.forward_context import set_forward_context
-from atom_core.layers.kernel_warmup import warm_up_attention, warm_up_moe
+from atom_core.layers.kernel_warmup import AttentionCaches, warm_up
 from atom_core.platform import Platform
 from atom_core.plugins import metadata_builder
 from atom_frontends.native.attention import NativeCacheLayer
@@ -88,10 +88,10 @@ class ModelRunner:
                 layer.k_scale = torch.ones((), dtype=torch.float32, device=self.device)
                 layer.v_scale = torch.ones((), dtype=torch.float32, device=self.device)
         self.inputs = metadata_builder(spec=None, host="native")(self.config, self.device)
-        for layer in self.attn_layers:  # JIT kernels compile their shape classes now, not mid-serving
-            warm_up_attention(layer.spec, layer.cache_views(), self.config.dtype, self.config.max_model_len,
-                              self.config.max_num_batched_tokens, layer.k_scale, layer.v_scale)
-        warm_up_moe(self.model, self.config.dtype, self.config.max_num_batched_tokens)
+        # JIT kernels compile their shape classes now, not mid-serving
+        warm_up(self.config.dtype, self.config.max_model_len, self.config.max_num_batched_tokens, model=self.model,
+                attention=[AttentionCaches(layer.spec, layer.cache_views(), layer.k_scale, layer.v_scale)
+                           for layer in self.attn_layers])
         self._capture_graphs()
 
     def _capture_graphs(self) -> None:

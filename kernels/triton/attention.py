@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from atom_kernels.triton._utils import FLOAT_DTYPES, check, check_dtype, check_same_device, has_scales
-from atom_kernels.triton.attention_common import softmax_scale
+from atom_kernels.triton.attention_common import softmax_scale, warm_up_batches
 from atom_kernels.triton.attention_decode import decode_config, decode_order, decode_slots, launch_decode
 from atom_kernels.triton.attention_prefill import launch_prefill, prefill_config
 from atom_kernels.triton.kv_cache import check_caches
@@ -38,6 +38,12 @@ def check_attention_args(query, k_cache, v_cache, block_tables, seq_lens, query_
     check_dtype("out", out, FLOAT_DTYPES)
     check_same_device(query=query, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables,
                       seq_lens=seq_lens, query_start_loc=query_start_loc, out=out)
+
+
+def warm_up_shapes(max_model_len: int, max_tokens: int) -> list[tuple[list[int], list[int], int]]:
+    """The batches a warm-up runs through paged_attention (prefill_config and decode_config bucket by powers of
+    two): attention_common.warm_up_batches."""
+    return warm_up_batches(max_model_len, max_tokens)
 
 
 def paged_attention(

@@ -13,7 +13,7 @@ import torch
 
 from atom_kernels.reference.mla import mla_decode_metadata
 from atom_kernels.triton._utils import FLOAT_DTYPES, check, check_dtype, check_same_device
-from atom_kernels.triton.attention_common import softmax_scale
+from atom_kernels.triton.attention_common import softmax_scale, warm_up_batches
 from atom_kernels.triton.attention_decode import decode_order
 from atom_kernels.triton.mla_cache import check_cache_scale, check_latent_cache
 from atom_kernels.triton.mla_decode import launch_mla_decode, mla_decode_config, resident_programs, wgmma_fits
@@ -38,6 +38,12 @@ def check_mla_args(query, cache, block_tables, seq_lens, query_start_loc, kv_lor
     check_dtype("out", out, FLOAT_DTYPES)
     check_same_device(query=query, cache=cache, block_tables=block_tables, seq_lens=seq_lens,
                       query_start_loc=query_start_loc, cache_scale=cache_scale, out=out)
+
+
+def warm_up_shapes(max_model_len: int, max_tokens: int) -> list[tuple[list[int], list[int], int]]:
+    """The batches a warm-up runs through mla_attention (mla_prefill_config and mla_decode_config bucket like the
+    paged attention kernels): attention_common.warm_up_batches."""
+    return warm_up_batches(max_model_len, max_tokens)
 
 
 def mla_attention(query, cache, block_tables, seq_lens, query_start_loc, scale, kv_lora_rank, cache_scale=None,
