@@ -1,5 +1,5 @@
 """Where a GPU run's time goes: torch.profiler over one call, GPU kernels grouped by kind, the top kernels, and
-the wall time next to the GPU time (a wall far above the GPU time with many launches means host-bound steps).
+the wall time next to the GPU time (a wall far above the GPU time with many launches means CPU-bound steps).
 
 Shared by native_gpu.py and vllm_plugin_gpu.py (`--profile`). CUDA-graph replays count their kernels one by one.
 """
@@ -33,7 +33,7 @@ def kind_of(name: str) -> str:
 
 def profile_call(fn, label: str, top: int = 10, host_top: int = 0) -> str:
     """Run fn() once under the profiler (CUDA synchronized before and after) → a few lines of text; host_top > 0
-    adds that many host (CPU) ops by self CPU time: where a host-bound step goes."""
+    adds that many CPU ops by self CPU time: where a CPU-bound step goes."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()

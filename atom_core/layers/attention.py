@@ -90,7 +90,7 @@ def attention_forward(
         sliding_window=spec.sliding_window, k_scale=k_scale, v_scale=v_scale,
         out=None if out is None else out.view(t, spec.num_heads, spec.head_dim),
         max_query_len=md.max_query_len, max_seq_len=md.max_seq_len,
-        num_decodes=md.num_decodes, num_prefills=md.num_prefills, plan_cache=md.scratch,
+        num_decodes=md.num_decodes, num_prefills=md.num_prefills, plan_cache=md.plan_cache,
     )
     return o.reshape(t, spec.num_heads * spec.head_dim)
 
@@ -138,6 +138,7 @@ def mla_forward(
     if latent is not None:
         atom_kernels.write_latent_cache(latent, cache, md.slot_mapping, cache_scale)
     return atom_kernels.mla_attention(query, cache, md.block_tables, md.seq_lens, md.query_start_loc, spec.scale,
-                                      spec.kv_lora_rank, cache_scale, out, md.scratch,
-                                      max_query_len=md.max_query_len, max_seq_len=md.max_seq_len,
+                                      spec.kv_lora_rank, cache_scale, out, md.plan_cache,
+                                      decode_metadata=md.mla_decode, max_query_len=md.max_query_len,
+                                      max_seq_len=md.max_seq_len,
                                       num_decodes=md.num_decodes, num_prefills=md.num_prefills)

@@ -23,7 +23,7 @@ from atom_core.layers.attention import (
 class NativeCacheLayer(nn.Module):
     """What the runner needs of an attention layer: its cache shape, the cache and fp8 scales it binds."""
 
-    # Ops this layer runs whose torch reference syncs with the host (not capturable in a CUDA graph).
+    # Ops this layer runs whose torch reference syncs with the CPU (not capturable in a CUDA graph).
     syncing_ops: tuple[str, ...] = ()
 
     def __init__(self, spec: AttentionSpec) -> None:

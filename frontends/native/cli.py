@@ -114,13 +114,11 @@ def _info(args: argparse.Namespace) -> int:
     import atom_kernels
     from atom_core import plugins
     from atom_core.models import supported_architectures
-    from atom_frontends.native.cpu_kernels import register_host_kernels
     from atom_frontends.native.hooks import NATIVE
 
     with NATIVE.scope():
         host = plugins.current_host()
         plat = plugins.current_platform()
-    register_host_kernels(plat.device)  # as the engine does: the kernels listed are the ones it runs
     print(f"host:        {host}")
     print(f"platform:    device={plat.device} tp={plat.tp_rank}/{plat.tp_size}")
     print(f"frontends:   {', '.join(plugins.frontend_names())}")

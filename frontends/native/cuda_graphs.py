@@ -37,14 +37,14 @@ def batch_size_ladder(max_size: int) -> list[int]:
 
 def why_not_capturable(device: torch.device, enforce_eager: bool, syncing_ops: tuple[str, ...]) -> str | None:
     """None when decode steps can run as CUDA graphs, else the reason they cannot. `syncing_ops`: the ops the
-    model's attention layers run whose torch reference syncs with the host (.tolist(), boolean-mask indexing)."""
+    model's attention layers run whose torch reference syncs with the CPU (.tolist(), boolean-mask indexing)."""
     if device.type != "cuda":
         return f"device is {device.type}"
     if enforce_eager:
         return "enforce_eager=True"
     torch_ops = [op for op in syncing_ops if dispatch.backend_for(op, "cuda") == "torch"]
     if torch_ops:
-        return f"{', '.join(torch_ops)} would run the torch reference, which syncs with the host"
+        return f"{', '.join(torch_ops)} would run the torch reference, which syncs with the CPU"
     return None
 
 
@@ -68,7 +68,7 @@ def no_gc() -> Iterator[None]:
 
 class DecodeGraphs:
     def __init__(self, step_fn: Callable[[StepInputs], Outputs], inputs: InputBuilder, sizes: list[int]) -> None:
-        """step_fn(step) runs one decode step on the device (no host reads) and returns its output tensors."""
+        """step_fn(step) runs one decode step on the device (no CPU reads) and returns its output tensors."""
         self.sizes = sorted(sizes)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, Outputs] = {}  # size → what step_fn returned while captured

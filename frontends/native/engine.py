@@ -5,7 +5,7 @@ and applies the tokens of batch n-1, so the host's work for batch n+1 runs while
 batch n. A request whose token is still on the device is scheduled with it as its next input (the
 runner reads it on the device); when that token turns out to end the request (EOS, stop token or
 string), the request's part of the batch launched meanwhile is dropped and its blocks are freed.
-Requests ending by length are known on the host and get no such extra work.
+Requests ending by length are known on the CPU and get no such extra work.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import torch
 from atom_core.loader import build_model, load_weights
 from atom_frontends.native.block_manager import BlockManager
 from atom_frontends.native.checkpoint_files import eos_token_ids, load_tokenizer
-from atom_frontends.native.cpu_kernels import register_host_kernels
 from atom_frontends.native.detokenizer import Detokenizer
 from atom_frontends.native.engine_args import EngineArgs
 from atom_frontends.native.hooks import NATIVE
@@ -38,7 +37,6 @@ class LLMEngine:
         self.args = args
         with NATIVE.scope():
             self.model, self.config, self.platform = build_model(args)
-            register_host_kernels(self.platform.device)  # CPU: cpu_kernels.py, before weights are packed
             load_weights(self.model, self.config.model_path)
             self.runner = ModelRunner(self.model, self.config, self.platform, args.seed)
         # The KV cache is sized from the memory left once the weights are loaded (measured, not estimated) and

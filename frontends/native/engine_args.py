@@ -24,7 +24,7 @@ class EngineArgs:
     kv_cache_dtype: str = "auto"
     enable_prefix_caching: bool = True
     enforce_eager: bool = False
-    # Overlap scheduling: the host schedules and builds step n+1 while the device runs step n, whose sampled
+    # Overlap scheduling: the CPU schedules and builds step n+1 while the device runs step n, whose sampled
     # tokens are read once step n+1 is launched (the same results). None: the environment variable
     # ATOM_OVERLAP_SCHEDULING (1/0) if set, else on for a CUDA device and off on CPU (nothing to overlap there).
     overlap_scheduling: bool | None = None

@@ -1,7 +1,7 @@
 """Step inputs of the native runner (the native `atom_metadata_builder`): token ids, the core
 AttentionMetadata and the rows to sample, built without waiting for the GPU.
 
-Everything is written with numpy into two persistent host buffers (pinned on GPU) and reaches
+Everything is written with numpy into two persistent CPU buffers (pinned on GPU) and reaches
 two persistent device buffers with two non-blocking copies. Per step the buffers hold
   int64: [input_ids (T) | positions (T) | slot_mapping (T) | logits_indices (R)]
   int32: [seq_lens (S) | query_start_loc (S+1) | block_tables (S*W)]
@@ -9,10 +9,10 @@ For a CUDA-graph step of padded size G: T = S = G and W = the full table width, 
 captured for size G reads the same addresses on every replay; the graph's sampling inputs follow
   int64: [... | logits_indices (R <= G, room for G) | seeds (G)]  (Philox keys of sample_tokens)
   int32: [... | block_tables (G*W) | temperature (G, float32 bits)]  (0: argmax; padding rows 0)
-On CPU host and device buffers are the same tensors.
+On CPU the CPU and device buffers are the same tensors.
 
 MLA models (a config with kv_lora_rank) also get the MLA decode metadata (kv_indptr, kv_indices: see
-atom_kernels.reference.mla) once per step, on the device, into the metadata's scratch where the MLA kernels
+atom_kernels.reference.mla) once per step, on the device, into the metadata's mla_decode where the MLA kernels
 find it. With AtomConfig.persistent_mla_decode_metadata (default on) it is refilled in place in buffers sized
 here (max_num_seqs x the full table width), the same addresses on every step, so a graph replay reads the
 refill this step made; off, the kernels make it afresh each step (inside a captured graph, on replay).
@@ -31,7 +31,7 @@ from atom_core.config import AtomConfig
 from atom_core.forward_context import AttentionMetadata
 from atom_frontends.native.request import Request
 from atom_frontends.native.scheduler import Scheduled
-from atom_kernels.reference.mla import MLA_BUFFERS_KEY, mla_decode_buffers, mla_decode_metadata
+from atom_kernels.reference.mla import mla_decode_buffers, mla_decode_metadata
 
 
 @dataclass
@@ -82,9 +82,9 @@ class InputBuilder:
         tokens = max(config.max_num_batched_tokens, seqs)
         sizes = {torch.int64: 3 * tokens + 2 * seqs, torch.int32: 3 * seqs + 1 + seqs * self.width}
         pin = device.type == "cuda"
-        self.host = {dt: torch.zeros(n, dtype=dt, pin_memory=pin) for dt, n in sizes.items()}
-        self.dev = {dt: torch.zeros(n, dtype=dt, device=device) for dt, n in sizes.items()} if pin else self.host
-        self.np64, self.np32 = self.host[torch.int64].numpy(), self.host[torch.int32].numpy()
+        self.cpu = {dt: torch.zeros(n, dtype=dt, pin_memory=pin) for dt, n in sizes.items()}
+        self.dev = {dt: torch.zeros(n, dtype=dt, device=device) for dt, n in sizes.items()} if pin else self.cpu
+        self.np64, self.np32 = self.cpu[torch.int64].numpy(), self.cpu[torch.int32].numpy()
         # The pinned buffers are rewritten each step: wait until the last step's copies have read them.
         self.copied = torch.cuda.Event() if pin else None
         self._graph_cache: dict[tuple[int, int], StepInputs] = {}
@@ -126,9 +126,7 @@ class InputBuilder:
             step = self._graph_views(graph_size, len(rows))
         else:
             self._copy(3 * t_ + len(rows), 2 * s_ + 1 + s_ * w)
-            decodes = q_lens.count(1)
-            hints = (max(q_lens), int(self.np32[:n].max()), decodes, n - decodes)
-            step = self.views(s_, t_, w, len(rows), hints)
+            step = self.views(s_, t_, w, len(rows), q_lens, int(self.np32[:n].max()))
         if self.mla_buffers is not None:
             self._refill_mla(step.metadata)
         return step
@@ -150,9 +148,8 @@ class InputBuilder:
 
     def _refill_mla(self, md: AttentionMetadata) -> None:
         """The step's MLA decode metadata in the persistent buffers (device work queued behind the copies, no
-        host sync), memoised in md.scratch for every MLA layer of the step."""
-        md.scratch[MLA_BUFFERS_KEY] = self.mla_buffers
-        mla_decode_metadata(md.block_tables, md.seq_lens, self.block_size, md.scratch)
+        device sync), in md.mla_decode for every MLA layer of the step."""
+        md.mla_decode = mla_decode_metadata(md.block_tables, md.seq_lens, self.block_size, buffers=self.mla_buffers)
 
     def _fill_decodes(self, batch: list[Scheduled], s_: int, t_: int) -> None:
         """One new token per sequence (the hot path): plain Python per row, few numpy calls."""
@@ -186,37 +183,34 @@ class InputBuilder:
         """A graph step's views: the same tensors on every replay, so built once per (size, rows)."""
         key = (size, n_logits)
         if key not in self._graph_cache:
-            views = self.views(size, size, self.width, n_logits, (1, self.max_model_len, size, 0))
+            # every row one token (padding rows too); the longest context any replay can meet
+            views = self.views(size, size, self.width, n_logits, [1] * size, self.max_model_len)
             temp_at, seeds_at = self._sampling_slots(size)
             views.temperature = self.dev[torch.int32][temp_at : temp_at + size].view(torch.float32)
             views.seeds = self.dev[torch.int64][seeds_at : seeds_at + size]
             self._graph_cache[key] = views
         views = self._graph_cache[key]
-        views.metadata.scratch.clear()  # the same metadata object serves every step of this size
+        views.metadata.plan_cache.clear()  # the same metadata object serves every step of this size
         return views
 
     def _copy(self, n64: int, n32: int) -> None:
         if self.copied is None:
             return
         for dt, n in ((torch.int64, n64), (torch.int32, n32)):
-            self.dev[dt][:n].copy_(self.host[dt][:n], non_blocking=True)
+            self.dev[dt][:n].copy_(self.cpu[dt][:n], non_blocking=True)
         self.copied.record()
 
-    def views(self, s_: int, t_: int, w: int, n_logits: int, hints: tuple[int, int, int, int]) -> StepInputs:
-        """Device views for S sequences, T tokens, table width W; hints = (max_query_len, max_seq_len,
-        num_decodes, num_prefills) as the attention kernels size their grids with them."""
+    def views(self, s_: int, t_: int, w: int, n_logits: int, q_lens: list[int], max_seq_len: int) -> StepInputs:
+        """Device views for S sequences of q_lens new tokens, T tokens, table width W; max_seq_len: the longest
+        context, or an upper bound of it (graph steps), as the attention kernels size their grids with it."""
         d64, d32 = self.dev[torch.int64], self.dev[torch.int32]
-        max_query_len, max_seq_len, num_decodes, num_prefills = hints
-        md = AttentionMetadata(
+        md = AttentionMetadata.from_query_lens(
+            q_lens,
             slot_mapping=d64[2 * t_ : 3 * t_],
             block_tables=d32[2 * s_ + 1 : 2 * s_ + 1 + s_ * w].view(s_, w),
             seq_lens=d32[:s_],
             query_start_loc=d32[s_ : 2 * s_ + 1],
             positions=d64[t_ : 2 * t_],
-            max_query_len=max_query_len,
             max_seq_len=max_seq_len,
-            num_prefills=num_prefills,
-            num_decodes=num_decodes,
-            block_size=self.block_size,
         )
         return StepInputs(d64[:t_], md, d64[3 * t_ : 3 * t_ + n_logits])

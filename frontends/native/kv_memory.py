@@ -10,7 +10,7 @@ import torch
 GIB = 1 << 30
 GPU_KV_CACHE_FRACTION = 0.85  # of the GPU memory still free once the weights are loaded
 CPU_KV_CACHE_FRACTION = 0.5  # of MemAvailable once the weights are loaded (activations, the OS, others need room)
-CPU_KV_CACHE_MAX = 4 * GIB  # as vLLM's CPU default (VLLM_CPU_KVCACHE_SPACE=4): a big host is not emptied
+CPU_KV_CACHE_MAX = 4 * GIB  # as vLLM's CPU default (VLLM_CPU_KVCACHE_SPACE=4): a big machine is not emptied
 
 
 def _read_int(path: Path) -> int | None:

@@ -3,14 +3,14 @@
 On GPU nothing in a step waits for the device: inputs reach the device through non-blocking copies,
 logits rows are gathered with device indices, the sampler is vectorised, and execute() returns a
 StepOutput whose results() is the one read. With overlap scheduling a decode input may be a token the
-previous step sampled and the host has not read: the input builder writes -1 - j for row j of that
+previous step sampled and the CPU has not read: the input builder writes -1 - j for row j of that
 step's sampled tokens, which the runner keeps in a persistent device buffer (`tokens`) and substitutes
 on the device before the forward. A decode-only step on GPU is one graph replay: substitution, forward,
 logits and sample_tokens on them (argmax for greedy rows, Gumbel-max at the row's temperature else, with a
 Philox key per row); when that is every row's answer (sampler.graph_sample_suffices: greedy or plain
-temperature sampling, nothing else asked) the host launches nothing more than the graph and the copies in and
+temperature sampling, nothing else asked) the CPU launches nothing more than the graph and the copies in and
 out, and the step's temperatures and keys travel with its inputs. Otherwise the graph's temperatures are 0
-and the host samples from the graph's logits.
+and the CPU samples from the graph's logits.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import atom_kernels
 from atom_core.config import AtomConfig
 from atom_core.forward_context import set_forward_context
 from atom_core.layers.attention import metadata_builder_of
-from atom_core.layers.kernel_warmup import warm_up_attention, warm_up_moe
+from atom_core.layers.kernel_warmup import AttentionCaches, warm_up
 from atom_core.platform import Platform
 from atom_frontends.native.attention import NativeCacheLayer
 from atom_frontends.native.cuda_graphs import DecodeGraphs, batch_size_ladder, why_not_capturable
@@ -88,10 +88,10 @@ class ModelRunner:
                 layer.k_scale = torch.ones((), dtype=torch.float32, device=self.device)
                 layer.v_scale = torch.ones((), dtype=torch.float32, device=self.device)
         self.inputs = metadata_builder_of(self.attn_layers)(self.config, self.device)
-        for layer in self.attn_layers:  # JIT kernels compile their shape classes now, not mid-serving
-            warm_up_attention(layer.spec, layer.cache_views(), self.config.dtype, self.config.max_model_len,
-                              self.config.max_num_batched_tokens, layer.k_scale, layer.v_scale)
-        warm_up_moe(self.model, self.config.dtype, self.config.max_num_batched_tokens)
+        # JIT kernels compile their shape classes now, not mid-serving
+        warm_up(self.config.dtype, self.config.max_model_len, self.config.max_num_batched_tokens, model=self.model,
+                attention=[AttentionCaches(layer.spec, layer.cache_views(), layer.k_scale, layer.v_scale)
+                           for layer in self.attn_layers])
         self._capture_graphs()
 
     def _capture_graphs(self) -> None:
@@ -104,7 +104,7 @@ class ModelRunner:
         self.graphs = DecodeGraphs(self._decode_step, self.inputs, batch_size_ladder(self.config.max_num_seqs))
 
     def _decode_step(self, step: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
-        """A decode-only step as the graphs capture it, with no host reads: → hidden [G, D], logits [G, V]; every
+        """A decode-only step as the graphs capture it, with no CPU reads: → hidden [G, D], logits [G, V]; every
         row's sample_tokens (step.temperature, step.seeds) into tokens[:G] (the previous tokens kept in
         prev_tokens)."""
         self.prev_tokens.copy_(self.tokens)
@@ -169,7 +169,7 @@ class ModelRunner:
     @staticmethod
     def resolve_pending(input_ids: torch.Tensor, last: torch.Tensor) -> None:
         """input_ids [T] on the device: each -1 - j becomes last[j], row j of the previous step's sampled tokens (in
-        place, so a CUDA graph reads it), without the host reading them."""
+        place, so a CUDA graph reads it), without the CPU reading them."""
         rows = (-1 - input_ids).clamp_(min=0)
         input_ids.copy_(torch.where(input_ids < 0, last[rows], input_ids))
 

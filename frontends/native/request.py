@@ -69,7 +69,7 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     status: Status = Status.WAITING
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache, or being computed by a launched step
-    # Overlap scheduling: tokens sampled by launched steps whose values the host has not read yet (0, 1, or 2
+    # Overlap scheduling: tokens sampled by launched steps whose values the CPU has not read yet (0, 1, or 2
     # for a moment), and the row of the latest one in its step's device tensor of sampled tokens.
     num_pending: int = 0
     pending_row: int = 0

@@ -2,7 +2,7 @@
 and logprobs, in vLLM's order (raw logprobs → min_tokens → penalties → greedy | temperature → min_p →
 top-k/top-p → draw).
 
-Vectorised over the batch and free of host syncs: per-request values travel to the device in non-blocking
+Vectorised over the batch and free of device syncs: per-request values travel to the device in non-blocking
 copies from pinned memory, and the sampled ids and logprobs stay on the device in a StepOutput, whose
 results() is the step's one read. With overlap scheduling a request's previous token may not have been read
 yet (Request.num_pending): min_tokens counts it and the penalties add it on the device.
@@ -33,7 +33,7 @@ class SeqResult:
 
 
 def to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A host list as a device tensor without waiting (pinned staging on GPU)."""
+    """A CPU list as a device tensor without waiting (pinned staging on GPU)."""
     t = torch.tensor(values, dtype=dtype, pin_memory=device.type == "cuda")
     return t.to(device, non_blocking=True)
 
@@ -72,7 +72,7 @@ def apply_penalties(logits: torch.Tensor, reqs: list[Request], last: torch.Tenso
     vocab, dev = logits.shape[1], logits.device
     out_counts = _token_counts([r.output_token_ids for r in reqs], vocab, dev)
     pending = [(row, r.pending_row) for row, r in enumerate(reqs) if r.num_pending]
-    if pending:  # the outputs the host has not read yet count too, added on the device
+    if pending:  # the outputs the CPU has not read yet count too, added on the device
         rows, src = to_device(list(zip(*pending)), torch.int64, dev)
         out_counts.index_put_((rows, last[src]), torch.ones(len(pending), device=dev), accumulate=True)
     seen = _token_counts([r.prompt_token_ids for r in reqs], vocab, dev).bool() | out_counts.bool()
@@ -142,7 +142,7 @@ def top_logprobs(logprobs: torch.Tensor, chosen: torch.Tensor, n: int) -> torch.
 
 
 def logprob_rows(table: list) -> list[LogprobRow]:
-    """top_logprobs' [3, N, k] as host lists → per row (ids, logprobs, ranks)."""
+    """top_logprobs' [3, N, k] as CPU lists → per row (ids, logprobs, ranks)."""
     return [([int(t) for t in i], lp, [int(r) for r in rk]) for i, lp, rk in zip(*table)]
 
 
@@ -209,7 +209,7 @@ def sample(logits: torch.Tensor, reqs: list[Request], generator: torch.Generator
 
 class StepOutput:
     """A launched step's results on the device: the sampled tokens of its completing rows, their logprobs, prompt
-    logprobs. Their copies to the host start at once (non-blocking, into pinned memory on GPU); results() waits
+    logprobs. Their copies to the CPU start at once (non-blocking, into pinned memory on GPU); results() waits
     for those copies only, not for later steps."""
 
     def __init__(self, reqs: list[Request], rows: list[int], sampled: Sampled | None,
@@ -222,7 +222,7 @@ class StepOutput:
         tensors = [] if sampled is None else [t for t in (sampled.tokens, sampled.logprobs) if t is not None]
         tensors += prompt.values()
         # on CPU a copy too: a tensor may be a view of a buffer the next step rewrites (the runner's tokens)
-        self._host = [t.to("cpu", non_blocking=True) if t.is_cuda else t.clone() for t in tensors]
+        self._cpu = [t.to("cpu", non_blocking=True) if t.is_cuda else t.clone() for t in tensors]
         self._copied = None
         if tensors and tensors[0].is_cuda:
             self._copied = torch.cuda.Event()
@@ -233,13 +233,13 @@ class StepOutput:
         if self._copied is not None:
             self._copied.synchronize()
         out = [SeqResult() for _ in range(self.num_seqs)]
-        host = iter(self._host)
+        cpu = iter(self._cpu)
         if self.sampled:
-            for i, t in zip(self.rows, next(host).tolist()):
+            for i, t in zip(self.rows, next(cpu).tolist()):
                 out[i].token = t
             if self.logprob_sizes:
-                for (i, n), (ids, lps, ranks) in zip(self.logprob_sizes, logprob_rows(next(host).tolist())):
+                for (i, n), (ids, lps, ranks) in zip(self.logprob_sizes, logprob_rows(next(cpu).tolist())):
                     out[i].logprobs = (ids[: n + 1], lps[: n + 1], ranks[: n + 1])
         for i in self.prompt_keys:
-            out[i].prompt_logprobs = logprob_rows(next(host).tolist())
+            out[i].prompt_logprobs = logprob_rows(next(cpu).tolist())
         return out

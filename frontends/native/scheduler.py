@@ -7,7 +7,7 @@ and blocks remain.
 
 With overlap scheduling a request's last sampled token may still be on the device (num_pending):
 it is scheduled as the next input all the same (the runner reads it on the device), unless it
-is the request's last by length, which the host knows without reading it.
+is the request's last by length, which the CPU knows without reading it.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool
 
 from atom_core.forward_context import AttentionMetadata
 from atom_core.layers.attention import AttentionSpec, attention_forward, metadata_builder_of, mla_forward
-from atom_core.layers.kernel_warmup import warm_up_attention
+from atom_core.layers.kernel_warmup import AttentionCaches, warm_up
 from atom_frontends.sglang.config import extend_token_budget
 from atom_frontends.sglang.metadata import build_metadata
 
@@ -118,9 +118,9 @@ class AtomAttnBackend(AttentionBackend):
         context_len = model_runner.model_config.context_len
         budget = extend_token_budget(model_runner.server_args, context_len)
         dtype = model_runner.model_config.dtype  # the queries' dtype: the model's activations
-        for layer in model_runner.model.modules():
-            if isinstance(layer, RadixAttention):
-                warm_up_attention(self._spec(layer), self._caches(layer.layer_id), dtype, context_len, budget)
+        layers = [m for m in model_runner.model.modules() if isinstance(m, RadixAttention)]
+        warm_up(dtype, context_len, budget,
+                attention=[AttentionCaches(self._spec(layer), self._caches(layer.layer_id)) for layer in layers])
 
     # --- metadata -------------------------------------------------------------------------------
     def init_forward_metadata(self, forward_batch) -> None:

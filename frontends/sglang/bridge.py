@@ -18,7 +18,7 @@ from atom_core.forward_context import (
     get_forward_context,
     set_forward_context,
 )
-from atom_frontends.sglang.hooks import HOST, SGLANG
+from atom_frontends.sglang.hooks import SGLANG
 
 FORWARD_BATCH = "sglang_forward_batch"
 
@@ -38,7 +38,7 @@ def forward_batch_context(forward_batch: Any, attn_metadata: AttentionMetadata |
                           ) -> Iterator[ForwardContext]:
     """Make `forward_batch` (sglang ForwardBatch) the current batch of the core for one forward."""
     md = attn_metadata if attn_metadata is not None else _active_metadata()
-    with SGLANG.scope(), set_forward_context(md, **{FORWARD_BATCH: forward_batch, "host": HOST}) as ctx:
+    with SGLANG.scope(), set_forward_context(md, **{FORWARD_BATCH: forward_batch}) as ctx:
         yield ctx
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import torch
 
 from atom_core.forward_context import AttentionMetadata
-from atom_frontends.sglang.config import SGLANG_BLOCK_SIZE
 
 # Forward modes served: EXTEND (prefill, possibly over a radix-cached prefix), MIXED (extends plus
 # one-token decode tails), DECODE. IDLE has no tokens (no metadata).
@@ -19,7 +18,7 @@ EXTEND_MODES = ("EXTEND", "MIXED")
 
 
 def _cpu_list(host: list | torch.Tensor | None, device_tensor: torch.Tensor) -> list[int]:
-    """A host copy SGLang already keeps, else one sync to read the device tensor."""
+    """A CPU copy SGLang already keeps, else one sync to read the device tensor."""
     if host is None:
         host = device_tensor
     return [int(x) for x in (host.tolist() if isinstance(host, torch.Tensor) else host)]
@@ -52,16 +51,12 @@ def build_metadata(forward_batch, req_to_token: torch.Tensor) -> AttentionMetada
     max_seq_len = max(seq_lens)
     # [bs, max_seq_len] int32: slot of each position of each request (block size 1)
     block_tables = req_to_token[forward_batch.req_pool_indices.long(), :max_seq_len]
-    num_decodes = sum(1 for n in q_lens if n == 1)
-    return AttentionMetadata(
+    return AttentionMetadata.from_query_lens(
+        q_lens,
         slot_mapping=forward_batch.out_cache_loc.to(torch.int64),
         block_tables=block_tables,
         seq_lens=forward_batch.seq_lens.to(torch.int32),
         query_start_loc=torch.tensor(qsl, dtype=torch.int32).to(device, non_blocking=True),
         positions=forward_batch.positions.to(torch.int64),
-        max_query_len=max(q_lens),
         max_seq_len=max_seq_len,
-        num_prefills=bs - num_decodes,
-        num_decodes=num_decodes,
-        block_size=SGLANG_BLOCK_SIZE,
     )

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from atom_core.layers.kernel_warmup import warm_up_moe
+from atom_core.layers.kernel_warmup import warm_up
 from atom_core.loader import build_model, require_all_loaded
 from atom_frontends.sglang.bridge import forward_batch_context
 from atom_frontends.sglang.config import SGLangModelConfig
@@ -78,12 +78,13 @@ class AtomSGLangModel(nn.Module):
         return loaded
 
     def _warm_up_moe(self) -> None:
-        """kernel_warmup's MoE warm-up, once the weights are in: SGLang's loader runs this at start-up, outside any
-        graph capture, whatever the attention backend; SGLang then reads free memory after emptying torch's cache,
-        so the warm-up's activations do not shrink the KV pool it sizes next. A step's tokens: at most an extend's
-        budget, or one per running request in a decode (max_num_seqs: --max-running-requests, else 256)."""
+        """kernel_warmup's warm-up of the MoE layers, once the weights are in: SGLang's loader runs this at start-up,
+        outside any graph capture, whatever the attention backend; SGLang then reads free memory after emptying
+        torch's cache, so the warm-up's activations do not shrink the KV pool it sizes next. A step's tokens: at most
+        an extend's budget, or one per running request in a decode (max_num_seqs: --max-running-requests, else
+        256)."""
         c = self.atom_config
-        warm_up_moe(self.core, c.dtype, max(c.max_num_batched_tokens, c.max_num_seqs))
+        warm_up(c.dtype, c.max_model_len, max(c.max_num_batched_tokens, c.max_num_seqs), model=self.core)
 
 
 def entry_class(architecture: str) -> type:

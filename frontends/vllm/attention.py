@@ -21,7 +21,7 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheSpec, SlidingWi
 
 from atom_core.layers.attention import FULL_ATTENTION_OPS, AttentionSpec
 from atom_frontends.vllm.backend import AtomAttentionBackend, AtomAttentionImpl, register_attention_backend
-from atom_frontends.vllm.cpu_kernels import register_host_kernels
+from atom_frontends.vllm.cpu_kernels import register_vllm_kernels
 from atom_frontends.vllm.platforms import ATTENTION_OP, QK_NORM_ROPE_ATTENTION_OP
 from atom_kernels import dispatch
 
@@ -94,7 +94,7 @@ class AttentionForVllm(nn.Module, AttentionLayerBase):
         super().__init__()
         vllm_config = get_current_vllm_config()
         register_attention_backend()  # idempotent; covers a VLLM_PLUGINS filter that kept only the platform
-        register_host_kernels()  # vLLM's CPU attention and GEMM kernels for our ops, on vLLM's CPU platform only
+        register_vllm_kernels()  # vLLM's CPU attention and GEMM kernels for our ops, on vLLM's CPU platform only
         self.spec = spec
         self.layer_name = spec.prefix
         self.num_heads, self.num_kv_heads, self.head_size = spec.num_heads, spec.num_kv_heads, spec.head_dim
@@ -125,7 +125,7 @@ class AttentionForVllm(nn.Module, AttentionLayerBase):
         # latent (MLA) cache, which has no per-head K to norm.
         device_type = current_platform.device_type
         self.fuses_qk_norm_rope = not spec.is_mla and all(
-            dispatch.backend_for(op, device_type) != "host" for op in FULL_ATTENTION_OPS)
+            dispatch.backend_for(op, device_type) != "provided" for op in FULL_ATTENTION_OPS)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor | None, value: torch.Tensor | None) -> torch.Tensor:
         """query [T, heads*d], key/value [T, kv_heads*d] (None: already in the cache) → [T, heads*d]"""

@@ -15,7 +15,7 @@ from vllm.v1.kv_cache_layout import KVCacheLayout
 
 from atom_core.forward_context import AttentionMetadata
 from atom_core.layers.attention import AttentionSpec, attention_forward, qk_norm_rope_attention_forward
-from atom_core.layers.kernel_warmup import capturing, warm_up_attention
+from atom_core.layers.kernel_warmup import AttentionCaches, capturing, warm_up
 from atom_kernels import dispatch
 
 BACKEND_NAME = "ATOM"
@@ -68,7 +68,7 @@ def warm_up_once(impl, caches: tuple[torch.Tensor, ...], dtype: torch.dtype, k_s
         return
     max_model_len, max_query_len = impl.warm_bounds
     impl.warm_bounds = None
-    warm_up_attention(impl.spec, caches, dtype, max_model_len, max_query_len, k_scale, v_scale)
+    warm_up(dtype, max_model_len, max_query_len, attention=[AttentionCaches(impl.spec, caches, k_scale, v_scale)])
 
 
 class AtomAttentionImpl(AttentionImpl[AttentionMetadata]):
@@ -160,6 +160,6 @@ class AtomAttentionBackend(AttentionBackend):
         # match our logical [blocks, block_size, kv_heads, head_dim] best, so they come first, unless
         # vLLM's CPU attention kernels serve our ops (cpu_kernels.py): they read head-major pages only.
         first = (KVCacheLayout.LBNHC, KVCacheLayout.BLNHC)
-        if dispatch.backend_for("paged_attention", "cpu") == "host":
+        if dispatch.backend_for("paged_attention", "cpu") == "provided":
             first = (KVCacheLayout.LBHNC, *first)
         return first + tuple(layout for layout in KVCacheLayout if layout not in first)

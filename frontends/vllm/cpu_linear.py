@@ -3,8 +3,8 @@
 vLLM's CPU models prepack every linear weight once after loading (vllm.model_executor.layers.utils.
 dispatch_cpu_unquantized_gemm: a oneDNN matmul primitive holding the weight in its blocked format; AMX or
 zentorch kernels where the CPU has them; F.linear where none applies) and call that GEMM every step, 2-3x
-faster than F.linear at decode batch sizes. On vLLM's CPU platform cpu_kernels.register_host_kernels makes these
-two functions the dispatcher's "host" kernels of pack_linear and linear: our layers pack once after loading
+faster than F.linear at decode batch sizes. On vLLM's CPU platform cpu_kernels.register_vllm_kernels makes these
+two functions the dispatcher's "provided" kernels of pack_linear and linear: our layers pack once after loading
 (atom_core.loader.prepare_weights, run by AtomForCausalLM.process_weights_after_loading) and hand the answer to
 every linear call, which under vLLM's torch.compile traces into the graph as vLLM's own layers' call does
 (torch.ops._C.onednn_mm with the handle of the prepacked weight).

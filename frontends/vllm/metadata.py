@@ -1,7 +1,7 @@
 """vLLM's CommonAttentionMetadata → the core's AttentionMetadata (the vLLM `atom_metadata_builder`).
 
 No device copies: every tensor of the result is a view of one vLLM already holds on the device;
-the prefill/decode counts come from the host-side query_start_loc_cpu (no device sync).
+the prefill/decode counts come from the CPU-side query_start_loc_cpu (no device sync).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def _positions(common: CommonAttentionMetadata, num_tokens: int) -> torch.Tensor
     return (common.seq_lens[req] - qsl[1:][req] + t).long()
 
 
-def build_metadata(common: CommonAttentionMetadata, block_size: int) -> AttentionMetadata:
+def build_metadata(common: CommonAttentionMetadata) -> AttentionMetadata:
     """One vLLM batch (requests in vLLM's order; with our builder, decodes first) → AttentionMetadata
     over its real tokens only.
 
@@ -40,20 +40,15 @@ def build_metadata(common: CommonAttentionMetadata, block_size: int) -> Attentio
     result's slot_mapping and positions cover those (its num_tokens), the layer leaves the rest out.
     """
     qsl_cpu = common.query_start_loc_cpu
-    n = int(qsl_cpu[-1])  # host tensor: no device sync
-    q_lens = (qsl_cpu[1:] - qsl_cpu[:-1]).tolist()
-    decodes = sum(1 for q in q_lens if q == 1)
-    return AttentionMetadata(
+    n = int(qsl_cpu[-1])  # CPU tensor: no device sync
+    return AttentionMetadata.from_query_lens(
+        (qsl_cpu[1:] - qsl_cpu[:-1]).tolist(),  # padding requests: 0
         slot_mapping=common.slot_mapping[:n],
         block_tables=common.block_table_tensor,
         seq_lens=common.seq_lens,
         query_start_loc=common.query_start_loc,
         positions=_positions(common, n),
-        max_query_len=common.max_query_len,
         max_seq_len=common.max_seq_len,
-        num_prefills=sum(1 for q in q_lens if q > 1),  # padding requests (q == 0) are neither
-        num_decodes=decodes,
-        block_size=block_size,
     )
 
 
@@ -66,7 +61,7 @@ class AtomMetadataBuilder(AttentionMetadataBuilder[AttentionMetadata]):
         never sync, size their grids from tensor shapes and the capture's hints (vLLM captures with
         max_seq_len = max_model_len, an upper bound they stay correct under), and skip the padding
         requests of a replay (query length 0); every tensor of our metadata is a view of the runner's
-        persistent buffers. The torch reference reads host values (.tolist()): no full graphs, vLLM
+        persistent buffers. The torch reference reads CPU values (.tolist()): no full graphs, vLLM
         then captures only the pieces between attention ops (piecewise), or nothing."""
         from vllm.v1.kv_cache_interface import MLAAttentionSpec
 
@@ -79,7 +74,6 @@ class AtomMetadataBuilder(AttentionMetadataBuilder[AttentionMetadata]):
     def __init__(self, kv_cache_spec: Any, layer_names: list[str], vllm_config: Any,
                  device: torch.device) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
-        self.block_size = kv_cache_spec.block_size
         # The builder the Attention factory attached to this KV-cache group's layers (build_metadata, above).
         layers = vllm_config.compilation_config.static_forward_context
         self._build = metadata_builder_of(layers[name] for name in layer_names)
@@ -88,4 +82,4 @@ class AtomMetadataBuilder(AttentionMetadataBuilder[AttentionMetadata]):
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> AttentionMetadata:
-        return self._build(common_attn_metadata, self.block_size)
+        return self._build(common_attn_metadata)

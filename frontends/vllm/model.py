@@ -19,7 +19,7 @@ from torch import nn
 from vllm.compilation.decorators import support_torch_compile
 from vllm.config import VllmConfig
 
-from atom_core.layers.kernel_warmup import warm_up_moe
+from atom_core.layers.kernel_warmup import warm_up
 from atom_core.loader import build_model, prepare_weights
 from atom_kernels import envs
 
@@ -81,7 +81,7 @@ class AtomForCausalLM(nn.Module):
         # lists a shared parameter once, under its first path), so checkpoint names map as in the core.
         self.decoder = AtomDecoder(vllm_config=vllm_config, prefix=prefix, decoder=self.core.model)
         self.config = atom_config.hf_config
-        self.dtype, self.max_num_batched_tokens = atom_config.dtype, atom_config.max_num_batched_tokens
+        self.atom_config = atom_config
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.core.embed_input_ids(input_ids)
@@ -104,4 +104,5 @@ class AtomForCausalLM(nn.Module):
         """vLLM's hook once every weight is loaded: our layers ready theirs (prepacked CPU GEMMs, cpu_linear.py),
         and the MoE layers compile their kernels' token-count variants."""
         prepare_weights(self.core)
-        warm_up_moe(self.core, self.dtype, self.max_num_batched_tokens)  # its Triton variants, now (kernel_warmup)
+        c = self.atom_config  # the MoE kernels' Triton variants, now (kernel_warmup)
+        warm_up(c.dtype, c.max_model_len, c.max_num_batched_tokens, model=self.core)

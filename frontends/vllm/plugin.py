@@ -61,7 +61,7 @@ def _register_models() -> None:
 
 
 def _missing_gpu_kernels(arch: str) -> list[str]:
-    """On a GPU platform, the attention ops of `arch` that would run as the torch reference (host syncs, no
+    """On a GPU platform, the attention ops of `arch` that would run as the torch reference (device syncs, no
     CUDA graphs: far behind vLLM's own model). Empty on CPU, where the reference is our kernel."""
     from atom_core.models import get_model_class
     from atom_kernels import dispatch

@@ -60,7 +60,7 @@ def _group(tables: torch.Tensor, seqs: list[int], n: int, qsl: list[int], lens: 
 
 
 def step_memo(plan_cache: dict | None, key, make: Callable[[], T]) -> T:
-    """make(), once per step: kept in `plan_cache` (the metadata's scratch, shared by every layer) under `key`
+    """make(), once per step: kept in `plan_cache` (the metadata's per-step memo, shared by every layer) under `key`
     when given, made afresh otherwise."""
     if plan_cache is None:
         return make()
@@ -114,7 +114,7 @@ def paged_attention(
     query_start_loc[i]:query_start_loc[i+1], which sit at the LAST positions of its seq_lens[i] tokens.
     block_tables: [num_seqs, max_blocks]; seq_lens: [num_seqs] (context incl. the new tokens).
     sliding_window: a query at position p sees keys at positions > p - sliding_window.
-    plan_cache: a dict that lives for one step (the metadata's scratch): the batch's gather plan is
+    plan_cache: a dict that lives for one step (AttentionMetadata.plan_cache): the batch's gather plan is
     made once and reused by every layer.
     Returns [num_tokens, num_heads, head_dim] in query's dtype. Math runs in float32.
     """

@@ -16,10 +16,8 @@ import torch
 from atom_kernels import dispatch
 from atom_kernels.reference.attention import _attend, _dequant, _gather, cached_plan, slot_rows, step_memo
 
-# AttentionMetadata.scratch keys: the step's MLA decode metadata (made once a step, shared by every MLA layer),
-# and the persistent buffers a host may lend for it (refilled in place each step instead of allocated).
-MLA_DECODE_KEY = "mla_decode"
-MLA_BUFFERS_KEY = "mla_decode_buffers"
+# The plan_cache key of the step's MLA decode metadata (made once a step, shared by every MLA layer).
+_MEMO_KEY = "mla_decode"
 
 
 class MLADecodeMetadata(NamedTuple):
@@ -65,7 +63,7 @@ def mla_attention(
     rows query_start_loc[i]:query_start_loc[i+1], the LAST positions of its seq_lens[i] tokens.
     cache: [num_blocks, block_size, r + rope]; block_tables [num_seqs, max_blocks]; seq_lens [num_seqs].
     Logits = scale * q · row; out = softmax-weighted sum of row[:r].
-    plan_cache: the metadata's per-step scratch dict (the gather plan is made once per step).
+    plan_cache: the metadata's per-step memo (the gather plan is made once per step).
     Returns [num_tokens, heads, r] in query's dtype. Math runs in float32.
     """
     t, heads, width = query.shape
@@ -110,21 +108,21 @@ def mla_decode_buffers(max_num_seqs: int, max_blocks: int, device) -> MLADecodeM
 
 
 def mla_decode_metadata(block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int,
-                        plan_cache: dict | None = None) -> MLADecodeMetadata:
-    """The step's MLA decode metadata, made once a step (memo in plan_cache, the metadata's scratch): in the
-    persistent buffers plan_cache[MLA_BUFFERS_KEY] when the host lends them (refilled in place, same addresses
-    every step: what a CUDA graph needs), else in fresh tensors. mla_kv_indices runs on the device's backend."""
+                        plan_cache: dict | None = None, buffers: MLADecodeMetadata | None = None) -> MLADecodeMetadata:
+    """The step's MLA decode metadata, made once a step (memo in plan_cache, the metadata's per-step memo): in
+    `buffers` when the host keeps persistent ones (mla_decode_buffers: refilled in place, the same addresses
+    every step, what a CUDA graph needs), else in fresh tensors. mla_kv_indices runs on the device's backend."""
     def make() -> MLADecodeMetadata:
         num_seqs, width = block_tables.shape
-        buffers = None if plan_cache is None else plan_cache.get(MLA_BUFFERS_KEY)
         if buffers is None:
-            buffers = mla_decode_buffers(num_seqs, width, block_tables.device)
+            meta = mla_decode_buffers(num_seqs, width, block_tables.device)
         elif buffers.kv_indptr.shape[0] <= num_seqs or buffers.kv_indices.shape[0] < num_seqs * width:
             raise ValueError(f"MLA decode buffers for {buffers.kv_indptr.shape[0] - 1} sequences and "
                              f"{buffers.kv_indices.shape[0]} pages cannot hold a step of {num_seqs} sequences with "
                              f"{width}-wide block tables: size them by max_num_seqs and the widest block table")
-        meta = MLADecodeMetadata(buffers.kv_indptr[:num_seqs + 1], buffers.kv_indices)
+        else:
+            meta = MLADecodeMetadata(buffers.kv_indptr[:num_seqs + 1], buffers.kv_indices)
         dispatch.get("mla_kv_indices", block_tables.device)(block_tables, seq_lens, block_size, *meta)
         return meta
 
-    return step_memo(plan_cache, (MLA_DECODE_KEY, block_size), make)
+    return step_memo(plan_cache, (_MEMO_KEY, block_size), make)

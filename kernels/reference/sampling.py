@@ -11,7 +11,7 @@ and 2**32 - 1, and never 1.
 
 This is the CPU implementation and the oracle of atom_kernels.triton.sampling: the same float32 operations
 (an IEEE reciprocal of t, one multiply, one add), Philox replayed in int64 with every 32x32-bit product split in
-16-bit halves so nothing overflows. Slow (about 30 int64 passes over [N, V / 4] per round); no host syncs.
+16-bit halves so nothing overflows. Slow (about 30 int64 passes over [N, V / 4] per round); no device syncs.
 NaN logits are not supported (torch.argmax takes NaN as the maximum, the kernel skips it).
 """
 

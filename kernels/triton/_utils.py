@@ -47,6 +47,16 @@ def pow2(n: int, minimum: int = 1) -> int:
     return max(triton.next_power_of_2(int(n)), minimum)
 
 
+def powers_of_two_up_to(top: int, start: int) -> list[int]:
+    """start, 2 * start, ... below top, then top itself (top >= start): one value in every power-of-two bucket
+    from start's to top's (consecutive powers are one bucket apart), the warm-up shapes of pow2-bucketed kernels."""
+    out = []
+    while start < top:
+        out.append(start)
+        start *= 2
+    return [*out, top]
+
+
 @triton.jit
 def pdl_prologue(PDL: tl.constexpr):
     """First statement of a kernel launched with pdl(): wait until the kernels before it in the stream are done and

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from atom_kernels.triton._utils import FLOAT_DTYPES, check, check_dtype, check_same_device, has_scales
-from atom_kernels.triton.attention_common import softmax_scale
+from atom_kernels.triton.attention_common import softmax_scale, warm_up_batches
 from atom_kernels.triton.attention_decode import decode_config, decode_order, decode_slots, launch_decode
 from atom_kernels.triton.attention_prefill import launch_prefill, prefill_config
 from atom_kernels.triton.kv_cache import check_caches
@@ -40,6 +40,12 @@ def check_attention_args(query, k_cache, v_cache, block_tables, seq_lens, query_
                       seq_lens=seq_lens, query_start_loc=query_start_loc, out=out)
 
 
+def warm_up_shapes(max_model_len: int, max_tokens: int) -> list[tuple[list[int], list[int], int]]:
+    """The batches a warm-up runs through paged_attention (prefill_config and decode_config bucket by powers of
+    two): attention_common.warm_up_batches."""
+    return warm_up_batches(max_model_len, max_tokens)
+
+
 def paged_attention(
     query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
     sliding_window=None, k_scale=None, v_scale=None, out=None,
@@ -49,7 +55,7 @@ def paged_attention(
 
     Hints are optional upper bounds from the metadata; without them both kernels are launched.
     num_prefills is accepted for symmetry with the metadata but not needed. plan_cache: the step's memo
-    (AttentionMetadata.scratch), where the decode launch order is made once for every layer.
+    (AttentionMetadata.plan_cache), where the decode launch order is made once for every layer.
     """
     if out is None:
         out = torch.empty_like(query)

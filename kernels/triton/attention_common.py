@@ -9,6 +9,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from atom_kernels.triton._utils import powers_of_two_up_to
+
 LOG2E = 1.4426950408889634
 
 
@@ -52,3 +54,17 @@ def attend_tile(q, k, v, valid, m, den, acc, qk_scale):
 
 def softmax_scale(scale: float) -> float:
     return float(scale) * LOG2E
+
+
+def warm_up_batches(max_model_len: int, max_tokens: int) -> list[tuple[list[int], list[int], int]]:
+    """(query lengths, sequence lengths, max_seq_len hint) of batches reaching every variant the varlen attention
+    kernels (paged and MLA) compile for these bounds: their prefill tiles follow the power-of-two bucket of the
+    longest query, and whether decodes share the batch (skip_decodes); their decode split count and merge tile the
+    power-of-two bucket of the context hint. So: a query of each power-of-two length up to the step's token budget
+    (and the budget itself), alone and next to a decode, and a decode under each power-of-two hint up to
+    max_model_len. tests/kernels/test_kernel_warmup.py checks them against the kernels' config functions."""
+    top = min(max_tokens, max_model_len)
+    lens = powers_of_two_up_to(top, 2) if top > 1 else []
+    batches = [([q], [q], q) for q in lens]  # a prefill alone
+    batches += [([1, q], [2, q], q) for q in lens]  # next to a decode
+    return batches + [([1], [1], hint) for hint in powers_of_two_up_to(max_model_len, 1)]  # decodes

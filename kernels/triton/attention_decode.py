@@ -200,8 +200,8 @@ def pick_splits(programs: int, slots: int, max_splits: int) -> int:
 
 def decode_order(seq_lens: torch.Tensor, programs_per_seq: int, slots: int, plan_cache: dict | None):
     """The launch order for a decode grid whose slowest axis is the sequences (_decode_kernel, the MLA decode
-    kernels): sequence indices longest first (int32, on the device, no host sync), made once a step (memo in
-    plan_cache, the metadata's scratch; every decode kernel of the step shares it). None where the grid's programs
+    kernels): sequence indices longest first (int32, on the device, no device sync), made once a step (memo in
+    plan_cache, the metadata's per-step memo; every decode kernel of the step shares it). None where the grid's programs
     fit in one wave of `slots` resident programs (the order cannot matter there) or there is no step to share it
     with (a sort per call would cost more than it saves)."""
     num_seqs = seq_lens.shape[0]

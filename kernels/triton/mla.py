@@ -13,7 +13,7 @@ import torch
 
 from atom_kernels.reference.mla import mla_decode_metadata
 from atom_kernels.triton._utils import FLOAT_DTYPES, check, check_dtype, check_same_device
-from atom_kernels.triton.attention_common import softmax_scale
+from atom_kernels.triton.attention_common import softmax_scale, warm_up_batches
 from atom_kernels.triton.attention_decode import decode_order
 from atom_kernels.triton.mla_cache import check_cache_scale, check_latent_cache
 from atom_kernels.triton.mla_decode import launch_mla_decode, mla_decode_config, resident_programs, wgmma_fits
@@ -40,14 +40,20 @@ def check_mla_args(query, cache, block_tables, seq_lens, query_start_loc, kv_lor
                       query_start_loc=query_start_loc, cache_scale=cache_scale, out=out)
 
 
+def warm_up_shapes(max_model_len: int, max_tokens: int) -> list[tuple[list[int], list[int], int]]:
+    """The batches a warm-up runs through mla_attention (mla_prefill_config and mla_decode_config bucket like the
+    paged attention kernels): attention_common.warm_up_batches."""
+    return warm_up_batches(max_model_len, max_tokens)
+
+
 def mla_attention(query, cache, block_tables, seq_lens, query_start_loc, scale, kv_lora_rank, cache_scale=None,
-                  out=None, plan_cache=None, max_query_len=None, max_seq_len=None, num_decodes=None,
-                  num_prefills=None) -> torch.Tensor:
+                  out=None, plan_cache=None, decode_metadata=None, max_query_len=None, max_seq_len=None,
+                  num_decodes=None, num_prefills=None) -> torch.Tensor:
     """query [T, heads, r + rope], cache [num_blocks, block_size, r + rope] (any strides) → out [T, heads, r].
 
-    plan_cache: the metadata's per-step scratch (the MLA decode metadata is made once a step there, in the
-    host's persistent buffers when it lends them, and so is the decode launch order). Hints are optional upper
-    bounds; without them both kernels run. num_prefills is accepted for symmetry with the metadata but not needed.
+    plan_cache: the metadata's per-step memo (the decode launch order is made once a step there, and so is the
+    MLA decode metadata unless decode_metadata, the host's, is given). Hints are optional upper bounds; without
+    them both kernels run. num_prefills is accepted for symmetry with the metadata but not needed.
     """
     if out is None:
         out = query.new_empty(*query.shape[:2], kv_lora_rank)
@@ -63,7 +69,9 @@ def mla_attention(query, cache, block_tables, seq_lens, query_start_loc, scale, 
         launch_mla_prefill(query, cache, block_tables, seq_lens, query_start_loc, qk_scale, kv_lora_rank,
                            cache_scale, out, skip_decodes=run_decode, **cfg)
     if run_decode:
-        meta = mla_decode_metadata(block_tables, seq_lens, cache.shape[1], plan_cache)
+        meta = decode_metadata
+        if meta is None:
+            meta = mla_decode_metadata(block_tables, seq_lens, cache.shape[1], plan_cache)
         longest = max_seq_len if max_seq_len is not None else block_tables.shape[1] * cache.shape[1]
         cfg = mla_decode_config(seq_lens.shape[0], query.shape[1], longest, query.device, query.dtype,
                                 cache.dtype, wgmma_fits(query, cache, kv_lora_rank, out))

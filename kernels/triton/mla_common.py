@@ -73,9 +73,3 @@ def attend_latent(q, q_pe, kv, pe, valid, m, den, acc, qk_scale, F8_BITS: tl.con
     acc = acc * alpha[:, None] + tl.dot(p.to(dot_dtype), kv, input_precision="ieee")
     return m_new, den, acc
 
-
-def mla_pads(kv_lora_rank: int, width: int) -> dict:
-    """R, ROPE and their power-of-two tile widths (>= 16: tl.dot's smallest K)."""
-    rope = width - kv_lora_rank
-    return dict(R=kv_lora_rank, ROPE=rope, R_PAD=max(triton.next_power_of_2(kv_lora_rank), 16),
-                PE_PAD=max(triton.next_power_of_2(rope), 16))

@@ -27,9 +27,30 @@ import triton
 import triton.language as tl
 
 from atom_kernels.reference.moe import check_moe_args
-from atom_kernels.triton._utils import FLOAT_DTYPES, check, check_dtype, check_same_device, pdl, pdl_prologue
+from atom_kernels.triton._utils import (
+    FLOAT_DTYPES,
+    check,
+    check_dtype,
+    check_same_device,
+    pdl,
+    pdl_prologue,
+    powers_of_two_up_to,
+)
 from atom_kernels.triton.moe_align import max_blocks, moe_align
 from atom_kernels.triton.moe_gemv import fused_moe_gemv
+
+# Up to this many tokens moe_config's tiles and moe_align's chunk change on joint bounds: warmed one count at a time.
+_DENSE_WARM_UP_TOKENS = 512
+
+
+def warm_up_shapes(max_tokens: int) -> list[int]:
+    """Token counts reaching every variant fused_moe compiles for steps of up to max_tokens tokens: 1, 2, ..., 512,
+    then the powers of two above (moe_config's tiles and the alignment's chunk are power-of-two bucketed there) and
+    max_tokens itself. tests/kernels/test_kernel_warmup.py checks them against moe_config and moe_align."""
+    dense = list(range(1, min(max_tokens, _DENSE_WARM_UP_TOKENS) + 1))
+    if max_tokens <= _DENSE_WARM_UP_TOKENS:
+        return dense
+    return dense + powers_of_two_up_to(max_tokens, 2 * _DENSE_WARM_UP_TOKENS)
 
 
 def moe_config(num_tokens: int, top_k: int, num_experts: int, dtype: torch.dtype) -> dict:

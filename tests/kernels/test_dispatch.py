@@ -1,4 +1,5 @@
-"""The dispatcher: CPU picks the torch reference, and the lookup is traceable by torch.compile."""
+"""The dispatcher: CPU picks atom_kernels' CPU kernels where there is one and the torch reference elsewhere, a
+provided kernel before both; the lookup is traceable by torch.compile."""
 
 from __future__ import annotations
 
@@ -8,10 +9,24 @@ import torch
 import atom_kernels
 from atom_kernels import dispatch, reference
 
+CPU_OPS = {"write_kv_cache", "fused_qk_norm_rope_write_kv", "rms_norm", "pack_linear", "linear", "rms_norm_linear",
+           "silu_and_mul_linear"}
 
-def test_cpu_uses_the_reference_for_every_op(no_host_kernels):
-    assert dispatch.describe("cpu") == {op: "torch" for op in dispatch.OPS}
-    assert dispatch.get("rms_norm", torch.device("cpu")) is reference.rms_norm
+
+def test_cpu_uses_the_cpu_kernels_then_the_reference(no_provided_kernels, monkeypatch):
+    from atom_kernels.cpu import norm
+
+    assert dispatch.describe("cpu") == {op: "cpu" if op in CPU_OPS else "torch" for op in dispatch.OPS}
+    assert dispatch.get("rms_norm", torch.device("cpu")) is norm.rms_norm
+    assert dispatch.get("silu_and_mul", torch.device("cpu")) is reference.silu_and_mul
+    assert dispatch.backend_for("rms_norm", "cuda") != "cpu"
+    monkeypatch.setenv("ATOM_KERNEL_BACKEND", "torch")
+    dispatch.reset()
+    try:
+        assert dispatch.describe("cpu") == {op: "torch" for op in dispatch.OPS}
+    finally:
+        monkeypatch.undo()
+        dispatch.reset()
 
 
 def test_ops_trace_with_fullgraph_compile():
@@ -70,24 +85,26 @@ def test_compiler_traces_fusable_ops_as_their_reference():
         dispatch.reset()
 
 
-def test_host_kernels_serve_only_the_device_they_name(monkeypatch, no_host_kernels):
-    # A host frontend (e.g. vLLM on CPU) brings its own kernels: first choice on that device type only, the
-    # reference again once removed, and ATOM_KERNEL_BACKEND=torch still forces the reference.
+def test_provided_kernels_serve_only_the_device_they_name(monkeypatch, no_provided_kernels):
+    # A framework (e.g. vLLM on CPU) provides its own kernels: first choice on that device type only, ours again
+    # once removed, and ATOM_KERNEL_BACKEND=torch still forces the reference.
+    from atom_kernels.cpu import norm
+
     cpu = torch.device("cpu")
     with pytest.raises(ValueError, match="device_type='cpu'"):
-        dispatch.register("rms_norm", "host", "atom_kernels.reference:silu_and_mul")
-    assert dispatch.register("rms_norm", "host", "atom_kernels.reference:silu_and_mul", device_type="cpu") is None
+        dispatch.register("rms_norm", "provided", "atom_kernels.reference:silu_and_mul")
+    assert dispatch.register("rms_norm", "provided", "atom_kernels.reference:silu_and_mul", device_type="cpu") is None
     try:
-        assert dispatch.describe("cpu")["rms_norm"] == "host"
+        assert dispatch.describe("cpu")["rms_norm"] == "provided"
         assert dispatch.get("rms_norm", cpu) is reference.silu_and_mul
-        assert dispatch.backend_for("rms_norm", "cuda") != "host"
+        assert dispatch.backend_for("rms_norm", "cuda") != "provided"
         monkeypatch.setenv("ATOM_KERNEL_BACKEND", "torch")
         dispatch.reset()
         assert dispatch.get("rms_norm", cpu) is reference.rms_norm
         monkeypatch.delenv("ATOM_KERNEL_BACKEND")
     finally:
-        assert dispatch.register("rms_norm", "host", None) == "atom_kernels.reference:silu_and_mul"
-    assert dispatch.describe("cpu") == {op: "torch" for op in dispatch.OPS}
-    assert dispatch.get("rms_norm", cpu) is reference.rms_norm
-    with pytest.raises(ValueError, match="only host kernels can be removed"):
+        assert dispatch.register("rms_norm", "provided", None) == "atom_kernels.reference:silu_and_mul"
+    assert "provided" not in dispatch.describe("cpu").values()
+    assert dispatch.get("rms_norm", cpu) is norm.rms_norm
+    with pytest.raises(ValueError, match="only provided kernels can be removed"):
         dispatch.register("rms_norm", "torch", None)

@@ -1,9 +1,10 @@
-"""The warm-up's batches reach every compiled variant the Triton attention and MoE kernels pick, whatever the
-batch: each prefill tile bucket (with and without decodes beside it) and each decode split class (split or not,
-merge width), for full attention and MLA, over head layouts, dtypes and length bounds; each MoE path, tile config
-and alignment chunk for any token count. The launch configs are
-the kernels' own functions (pure Python), so a new bucket rule the warm-up misses fails here; the GPU test
-(tests/frontends/native/test_gpu_warmup.py) checks that no compilation happens in serving after it."""
+"""The warm-up shapes each Triton kernel module states (warm_up_shapes) reach every compiled variant the kernels
+pick, whatever the batch: each prefill tile bucket (with and without decodes beside it) and each decode split class
+(split or not, merge width), for full attention and MLA, over head layouts, dtypes and length bounds; each MoE path,
+tile config and alignment chunk for any token count. The launch configs are the kernels' own functions (pure
+Python), so a new bucket rule the shapes miss fails here; the GPU test (tests/frontends/native/test_gpu_warmup.py)
+checks that no compilation happens in serving after the warm-up. And kernel_warmup.warm_up, the one entry, walks
+them."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ import torch
 
 pytest.importorskip("triton")
 
-from atom_core.layers.kernel_warmup import moe_token_counts, warm_up_attention, warm_up_batches  # noqa: E402
+from atom_core.layers.kernel_warmup import AttentionCaches, warm_up  # noqa: E402
+from atom_kernels import dispatch  # noqa: E402
+from atom_kernels.triton import attention, mla, moe  # noqa: E402
 from atom_kernels.triton._utils import pow2  # noqa: E402
 from atom_kernels.triton.attention_decode import decode_config  # noqa: E402
 from atom_kernels.triton.attention_prefill import prefill_config  # noqa: E402
@@ -44,7 +47,8 @@ def _decode_class(kind, num_seqs, hint, heads, kv_heads, dtype):
 
 def _warm_classes(kind, bounds, heads, kv_heads, dtype):
     prefill, decode = set(), set()
-    for q_lens, _, hint in warm_up_batches(*bounds):
+    shapes = (mla if kind == "mla" else attention).warm_up_shapes
+    for q_lens, _, hint in shapes(*bounds):
         if max(q_lens) > 1:
             prefill.add(_prefill_class(kind, max(q_lens), 1 in q_lens, heads, kv_heads, dtype))
         if 1 in q_lens:
@@ -80,15 +84,37 @@ def _moe_class(tokens, top_k, experts, dtype):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("max_tokens", [8192, 96, 1, 3000])
 def test_moe_warm_up_token_counts_reach_every_variant(top_k, experts, dtype, max_tokens):
-    warm = {_moe_class(t, top_k, experts, dtype) for t in moe_token_counts(max_tokens)}
+    warm = {_moe_class(t, top_k, experts, dtype) for t in moe.warm_up_shapes(max_tokens)}
     for t in range(1, max_tokens + 1):
         assert _moe_class(t, top_k, experts, dtype) in warm, t
 
 
 def test_no_warm_up_where_kernels_do_not_compile(checkpoint_factory):
-    """The torch reference (CPU) compiles nothing: the warm-up runs no batch there."""
+    """The torch reference and the CPU kernels compile nothing and state no shapes: the warm-up runs nothing there."""
     from atom_core.layers.attention import AttentionSpec
+    from atom_core.layers.moe import MoE
+    from atom_frontends.native import LLM
 
+    cpu = torch.device("cpu")
+    assert dispatch.warm_up_shapes("paged_attention", cpu) is dispatch.warm_up_shapes("fused_moe", cpu) is None
     spec = AttentionSpec(4, 16, 0.25, 2, prefix="model.layers.0.self_attn.attn")
     cache = torch.zeros(4, 16, 2, 16)
-    assert warm_up_attention(spec, (cache, cache), torch.float32, 512, 64) == 0
+    model = LLM(str(checkpoint_factory("Qwen3MoeForCausalLM")), num_kv_blocks=16).engine.model
+    assert any(isinstance(m, MoE) for m in model.modules())
+    assert warm_up(torch.float32, 512, 64, model=model, attention=[AttentionCaches(spec, (cache, cache))]) == 0
+
+
+def test_the_entry_walks_the_kernels_shapes(monkeypatch):
+    """Where a kernel states shapes (Triton on a GPU; here the torch reference made to state some), warm_up runs the
+    layer once per shape, and once per process for layers of one shape."""
+    import atom_kernels.reference
+    from atom_core.layers.attention import AttentionSpec
+
+    monkeypatch.setattr(atom_kernels.reference, "warm_up_shapes", attention.warm_up_shapes, raising=False)
+    spec = AttentionSpec(4, 16, 0.25, 2, prefix="model.layers.0.self_attn.attn")
+    cache = torch.zeros(4, 16, 2, 16)
+    layers = [AttentionCaches(spec, (cache, cache)), AttentionCaches(spec, (cache, cache))]
+    want = len(attention.warm_up_shapes(100, 40))
+    assert want > 10
+    assert warm_up(torch.float32, 100, 40, attention=layers) == want
+    assert warm_up(torch.float32, 100, 40, attention=layers) == 0

@@ -127,8 +127,8 @@ def test_rotary_matches_transformers():
 
 
 @pytest.mark.parametrize("bias", [False, True])
-def test_linear_matches_float64_matmul_and_packs_nothing(bias, no_host_kernels):
-    """The reference GEMM (the CPU default and what host GEMMs are tested against) == x @ w^T + b in float64,
+def test_linear_matches_float64_matmul_and_packs_nothing(bias, reference_kernels):
+    """The reference GEMM (what the other GEMMs are tested against) == x @ w^T + b in float64,
     through the dispatcher as layers call it; its pack_linear prepares nothing."""
     import atom_kernels
 

@@ -19,7 +19,7 @@ triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 
 from atom_kernels import reference as ref  # noqa: E402  (after the triton skip)
-from atom_kernels.reference.mla import MLA_BUFFERS_KEY, MLADecodeMetadata, mla_decode_buffers  # noqa: E402
+from atom_kernels.reference.mla import MLADecodeMetadata, mla_decode_buffers, mla_decode_metadata  # noqa: E402
 from atom_kernels.triton.attention import paged_attention  # noqa: E402
 from atom_kernels.triton.attention_common import softmax_scale  # noqa: E402
 from atom_kernels.triton.attention_decode import num_sms  # noqa: E402
@@ -340,21 +340,25 @@ def test_kv_indices_match_reference(block):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype, heads", [(F32, 16), (BF16, 16), (BF16, 128)], ids=str)  # 128: Hopper's kernel
 def test_cuda_graph_replay_with_other_lengths(dtype, heads):
-    """Captured once with upper-bound hints and persistent decode buffers in the scratch (the native engine's
+    """Captured once with upper-bound hints and the decode metadata made in persistent buffers (the native engine's
     graph steps); replayed after new lengths, block tables and queries are copied into the same tensors."""
     r, rope, block = 512, 64, 16
     seqs = [(300, 1)] * 4  # every table row covers 300 tokens: any length up to 300 is valid on replay
     q, cache, tables, seq_lens, qsl, _ = mla_batch(seqs, heads, r, rope, block, dtype, dtype, "cuda")
     seq_lens.copy_(torch.tensor([300, 17, 1, 90], dtype=torch.int32))
-    scratch = {MLA_BUFFERS_KEY: mla_decode_buffers(8, tables.shape[1], "cuda")}
+    buffers = mla_decode_buffers(8, tables.shape[1], "cuda")
     h = hints(seqs, exact=False)
     sm = (r + rope) ** -0.5
-    mla_attention(q, cache, tables, seq_lens, qsl, sm, r, plan_cache=scratch, **h)  # compile outside the capture
+
+    def step():
+        meta = mla_decode_metadata(tables, seq_lens, block, {}, buffers)  # refilled in place, a new step's memo
+        return mla_attention(q, cache, tables, seq_lens, qsl, sm, r, plan_cache={}, decode_metadata=meta, **h)
+
+    step()  # compile outside the capture
     torch.cuda.synchronize()
-    scratch = {MLA_BUFFERS_KEY: scratch[MLA_BUFFERS_KEY]}  # a new step
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = mla_attention(q, cache, tables, seq_lens, qsl, sm, r, plan_cache=scratch, **h)
+        out = step()
     g = torch.Generator().manual_seed(5)
     for lens in ([1, 2, 3, 4], [299, 250, 120, 33], [64, 1, 300, 16]):
         seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))

@@ -1,5 +1,5 @@
 """Checks of sampling inside decode graph steps, shared by the CPU tests (graphs replayed eagerly: EagerGraphs) and
-the GPU tests (real CUDA graphs): which steps the host sampled in, and whether the decoded tokens follow the model's
+the GPU tests (real CUDA graphs): which steps the CPU sampled in, and whether the decoded tokens follow the model's
 softmax(logits / t), measured against transformers' logits on the same checkpoint: a chi-square of the token counts
 and a z-score of their log-likelihood (the one that sees a wrong temperature best)."""
 
@@ -21,7 +21,7 @@ NEW = 24
 
 class EagerGraphs:
     """DecodeGraphs' contract on a CPU: each size's step is built once, as for a capture, and every replay runs the
-    runner's decode step on it, so it reads what the host staged in the input buffers for this step, as a replay
+    runner's decode step on it, so it reads what the CPU staged in the input buffers for this step, as a replay
     does (no CUDA graph: the runner's staging and in-graph sampling run as they do on a GPU)."""
 
     padded_size = DecodeGraphs.padded_size
@@ -35,12 +35,12 @@ class EagerGraphs:
     def replay(self, size: int):
         self.replays += 1
         step = self.steps[size]
-        step.metadata.scratch.clear()
+        step.metadata.plan_cache.clear()
         with set_forward_context(step.metadata):
             return self.step_fn(step)
 
 
-def host_sampling_steps(monkeypatch) -> list[bool]:
+def cpu_sampling_steps(monkeypatch) -> list[bool]:
     """Spy: one entry per sampler.sample call made by the runner, True when the step ran as a graph."""
     calls, in_graph = [], [False]
     execute, sample = model_runner_module.ModelRunner.execute, model_runner_module.sample
@@ -63,14 +63,14 @@ def decode(llm: LLM, temperature: float, prompts=PROMPTS, **kw) -> list[list[int
     return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
 
 
-def check_greedy_rows_beside_temperature_rows(llm: LLM, path, device: str, host: list[bool]) -> None:
+def check_greedy_rows_beside_temperature_rows(llm: LLM, path, device: str, cpu: list[bool]) -> None:
     """Per-row temperatures in one graph step (a row staged at the wrong place would draw where it should not):
-    greedy rows beside temperature-1 rows keep transformers' greedy tokens, and the host samples nothing (host:
-    host_sampling_steps' spy)."""
+    greedy rows beside temperature-1 rows keep transformers' greedy tokens, and the CPU samples nothing (cpu:
+    cpu_sampling_steps' spy)."""
     prompts = PROMPTS[:16]
     params = [SamplingParams(temperature=0.0 if i % 2 else 1.0, max_tokens=12) for i in range(16)]
     outs = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
-    assert not any(host)
+    assert not any(cpu)
     assert outs[1::2] == hf_oracle.hf_greedy(path, prompts[1::2], 12, torch.float32, device)
 
 

@@ -21,7 +21,7 @@ def main() -> None:
 
     path = sys.argv[1]
     if "--no-warmup" in sys.argv:
-        model_runner.warm_up_attention = model_runner.warm_up_moe = lambda *args, **kwargs: 0
+        model_runner.warm_up = lambda *args, **kwargs: 0
     llm = LLM(path, dtype="bfloat16", max_model_len=1024, max_num_batched_tokens=96, max_num_seqs=8,
               num_kv_blocks=512, enable_prefix_caching=True)
     # Everything below compiles only what no warm-up covered; the graphs' decode variants were made at capture.

@@ -1,5 +1,5 @@
 """A decode-only step on GPU is one CUDA graph: pending inputs resolved on the device, forward, logits of every
-row and sample_tokens on them (argmax for greedy rows). What the host still does after the graph, when that is not
+row and sample_tokens on them (argmax for greedy rows). What the CPU still does after the graph, when that is not
 every row's answer, must see the same tokens as transformers on the same GPU in fp32 (overlap scheduling on and
 off):
 - greedy with HF's repetition penalty (reads the previous step's tokens, which the graph overwrote) and

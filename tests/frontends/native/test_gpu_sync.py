@@ -1,5 +1,5 @@
 """A decode step on GPU never synchronizes the stream or the device: its one wait is on the event recorded after
-its sampled tokens' non-blocking copy to the host (StepOutput.results), with overlap scheduling placed after the
+its sampled tokens' non-blocking copy to the CPU (StepOutput.results), with overlap scheduling placed after the
 next step is launched."""
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """Sampling inside decode graph steps, on a CPU: the runner's graphs replaced by EagerGraphs (the same decode step on
 the same staged buffers, run eagerly), so the choice of graph sampling, the staging of temperatures and Philox keys
 and the sample_tokens op (its torch reference here) run as on a GPU. test_gpu_graph_sampling.py: real CUDA graphs.
-- a temperature-1 batch decodes in graph steps with no host sampling, and its tokens follow softmax(logits / t)
+- a temperature-1 batch decodes in graph steps with no CPU sampling, and its tokens follow softmax(logits / t)
   (transformers' logits); the canary doubles the temperature inside the op and expects the check to fail;
 - greedy rows beside temperature rows in the same graph steps keep transformers' greedy tokens;
 - the same engine seed reproduces the tokens, another seed does not;
-- what the graph cannot do (top-p, a per-request seed, penalties, logprobs, min_tokens) is sampled by the host.
+- what the graph cannot do (top-p, a per-request seed, penalties, logprobs, min_tokens) is sampled by the CPU.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from tests.frontends.native.graph_sampling import (
     EagerGraphs,
     check_engine_seed_reproduces_draws,
     check_greedy_rows_beside_temperature_rows,
+    cpu_sampling_steps,
     decode,
     distribution_stats,
-    host_sampling_steps,
 )
 
 
@@ -44,11 +44,11 @@ def path(checkpoint_factory):
 
 @pytest.mark.parametrize("overlap, temperature", [(False, 1.0), (True, 0.7)], ids=["no-overlap", "overlap"])
 def test_temperature_batch_samples_in_graph_steps_with_the_right_distribution(path, monkeypatch, overlap, temperature):
-    host = host_sampling_steps(monkeypatch)
+    cpu = cpu_sampling_steps(monkeypatch)
     llm = engine(path, overlap=overlap)
     outs = decode(llm, temperature)
     assert llm.engine.runner.graphs.replays > 0
-    assert host and not any(host), "the host sampled in a graph step"  # it did for the prefill steps only
+    assert cpu and not any(cpu), "the CPU sampled in a graph step"  # it did for the prefill steps only
     chi2, threshold, z = distribution_stats(path, outs, temperature, "cpu")
     assert chi2 < threshold and abs(z) < Z_LIMIT, (chi2, threshold, z)
 
@@ -61,20 +61,20 @@ def test_canary_wrong_temperature_in_the_graph_is_caught(path):
 
 
 def test_greedy_rows_beside_temperature_rows_keep_hf_greedy_tokens(path, monkeypatch):
-    host = host_sampling_steps(monkeypatch)
-    check_greedy_rows_beside_temperature_rows(engine(path), path, "cpu", host)
+    cpu = cpu_sampling_steps(monkeypatch)
+    check_greedy_rows_beside_temperature_rows(engine(path), path, "cpu", cpu)
 
 
 def test_engine_seed_reproduces_graph_draws(path):
     check_engine_seed_reproduces_draws(lambda seed: engine(path, seed=seed))
 
 
-def test_seeded_request_is_sampled_by_the_host_and_batch_independent(path, monkeypatch):
-    host = host_sampling_steps(monkeypatch)
+def test_seeded_request_is_sampled_by_the_cpu_and_batch_independent(path, monkeypatch):
+    cpu = cpu_sampling_steps(monkeypatch)
     llm = engine(path)
     seeded = SamplingParams(temperature=1.0, max_tokens=16, seed=42, ignore_eos=True)
     alone = llm.generate(PROMPTS[3:4], seeded, use_tqdm=False)[0].outputs[0].token_ids
-    assert host and all(host[1:])  # its decode steps ran as graphs and the host sampled
+    assert cpu and all(cpu[1:])  # its decode steps ran as graphs and the CPU sampled
     plain = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True)
     batch = llm.generate(PROMPTS[:8], [plain] * 3 + [seeded] + [plain] * 4, use_tqdm=False)
     assert batch[3].outputs[0].token_ids == alone

@@ -1,7 +1,7 @@
 """DeepSeek-V3 on the native engine with the Triton MLA kernels (latent-cache write, MLA decode and prefill,
 mla_kv_indices) run on CPU through Triton's interpreter: greedy tokens == transformers on the same checkpoint.
 
-The kernels are registered as the dispatcher's "host" backend for the CPU, so the engine runs them where it
+The kernels are registered as the dispatcher's "provided" backend for the CPU, so the engine runs them where it
 would run the torch reference; the decode kernel then reads its pages from the step's MLA decode metadata, made
 in the InputBuilder's persistent buffers (switch on) or by the kernels each step (switch off). Scenarios from
 test_parity: plain batched prompts, and chunked prefill (steps mixing prefill chunks with decodes, so both
@@ -27,8 +27,8 @@ def run_scenarios(path: str, persistent: bool) -> None:
     from tests.frontends.native import test_parity as scenarios
 
     for op, target in KERNELS.items():
-        dispatch.register(op, "host", target, device_type="cpu")
-    assert all(dispatch.backend_for(op, "cpu") == "host" for op in KERNELS)
+        dispatch.register(op, "provided", target, device_type="cpu")
+    assert all(dispatch.backend_for(op, "cpu") == "provided" for op in KERNELS)
     import atom_frontends.native.inputs as inputs
 
     built = []

@@ -16,7 +16,7 @@ from atom_frontends.native.inputs import InputBuilder
 from atom_frontends.native.request import Request
 from atom_frontends.native.sampling_params import SamplingParams
 from atom_frontends.native.scheduler import Scheduled
-from atom_kernels.reference.mla import mla_decode_metadata
+from atom_kernels.reference.mla import MLADecodeMetadata, mla_decode_metadata
 
 BLOCK, MAX_SEQS, MAX_LEN = 4, 8, 64
 
@@ -59,7 +59,8 @@ def contract(batch: list[Scheduled], padded_to: int | None) -> tuple[list[int], 
 
 def step_metadata(inputs: InputBuilder, batch, graph_size=None):
     md = inputs.build(batch, graph_size=graph_size).metadata
-    return md, mla_decode_metadata(md.block_tables, md.seq_lens, BLOCK, md.scratch)  # the step's memo
+    assert md.mla_decode is not None  # made by the builder, for every MLA layer of the step
+    return md, md.mla_decode
 
 
 def test_persistent_buffers_over_many_steps_equal_a_rebuild_and_the_contract():
@@ -106,8 +107,9 @@ def test_switch_off_rebuilds_every_step():
     for _ in range(3):
         batch = random_batch(rng, decode_only=False)
         md = inputs.build(batch).metadata
-        assert not md.scratch  # nothing made ahead: the kernels make it
-        meta = mla_decode_metadata(md.block_tables, md.seq_lens, BLOCK, md.scratch)
+        assert md.mla_decode is None and not md.plan_cache  # nothing made ahead: the kernels make it
+        meta = mla_decode_metadata(md.block_tables, md.seq_lens, BLOCK, md.plan_cache)
+        assert mla_decode_metadata(md.block_tables, md.seq_lens, BLOCK, md.plan_cache) is meta  # once a step
         seen.add(meta.kv_indices.data_ptr())
         indptr, indices = contract(batch, None)
         assert meta.kv_indptr.tolist() == indptr and meta.kv_indices[: len(indices)].tolist() == indices
@@ -127,24 +129,23 @@ def test_switch_default_is_read_from_the_environment(monkeypatch):
 def test_models_without_mla_get_no_buffers():
     inputs = builder(Qwen3Config())
     assert inputs.mla_buffers is None
-    assert not inputs.build([scheduled(3, 1, random.Random(3))]).metadata.scratch
+    md = inputs.build([scheduled(3, 1, random.Random(3))]).metadata
+    assert md.mla_decode is None and not md.plan_cache
 
 
 def test_buffers_too_small_for_a_step_are_named():
     inputs = builder()
     md = inputs.build([scheduled(3, 1, random.Random(4))]).metadata
-    md.scratch.clear()
-    md.scratch["mla_decode_buffers"] = type(inputs.mla_buffers)(torch.zeros(1, dtype=torch.int32),
-                                                               torch.zeros(1, dtype=torch.int32))
+    tiny = MLADecodeMetadata(torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32))
     with pytest.raises(ValueError, match="MLA decode buffers for 0 sequences"):
-        mla_decode_metadata(md.block_tables, md.seq_lens, BLOCK, md.scratch)
+        mla_decode_metadata(md.block_tables, md.seq_lens, BLOCK, buffers=tiny)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("persistent", ["1", "0"], ids=["persistent", "rebuilt"])
 @pytest.mark.parametrize("enforce_eager", [False, True], ids=["graphs", "eager"])
 def test_deepseek_decode_step_syncs_only_to_read_tokens(checkpoint_factory, monkeypatch, enforce_eager, persistent):
-    """The MLA decode metadata (refilled or rebuilt), the latent write and the MLA kernels add no host sync to a
+    """The MLA decode metadata (refilled or rebuilt), the latent write and the MLA kernels add no device sync to a
     decode step, which has none (test_gpu_sync: its one wait is on the event after the tokens' copy)."""
     from atom_frontends.native import LLM
     from tests.frontends.native.test_gpu_sync import sync_sites_per_step

@@ -1,4 +1,4 @@
-"""Overlap scheduling (EngineArgs.overlap_scheduling): the host schedules and launches step n+1 before it reads
+"""Overlap scheduling (EngineArgs.overlap_scheduling): the CPU schedules and launches step n+1 before it reads
 step n's tokens. On CPU the same code runs (no real overlap, the same bookkeeping), so these tests exercise it:
 results equal transformers' with overlap on and off, requests stop exactly where transformers' tokens say (no
 token past a stop: the extra step a request got before its stop was read is dropped), every KV block is free
@@ -247,7 +247,7 @@ def test_abort_mid_stream(checkpoint_factory, overlap):
 @MODES
 def test_tokens_are_read_after_the_next_step_is_launched(checkpoint_factory, monkeypatch, overlap):
     """The order of the device work and its one read per step: with overlap, step n's results are read after
-    step n+1 is launched (the host prepared n+1 without waiting for n); without, right after step n."""
+    step n+1 is launched (the CPU prepared n+1 without waiting for n); without, right after step n."""
     path = checkpoint_factory("LlamaForCausalLM")
     llm = LLM(path, block_size=4, num_kv_blocks=256, overlap_scheduling=overlap)
     events = []

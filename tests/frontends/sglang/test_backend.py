@@ -158,7 +158,7 @@ def test_metadata_describes_the_batch():
     assert md.query_start_loc.tolist() == [0, 1, 31, 32, 39]
     assert md.seq_lens.tolist() == [7, 30, 1, 12] and md.max_seq_len == 30 and md.max_query_len == 30
     assert (md.num_decodes, md.num_prefills, md.num_tokens - md.num_decodes) == (2, 2, 37)
-    assert md.block_tables.shape == (4, 30) and md.block_size == 1
+    assert md.block_tables.shape == (4, 30)
     assert torch.equal(md.slot_mapping, fb.out_cache_loc) and torch.equal(md.positions, fb.positions)
 
 

@@ -1,8 +1,8 @@
 """Start-up kernel warm-up in a real sglang.Engine on CPU (atom-core's models, our attention backend).
 
-SGLang's scheduler process must call kernel_warmup's warm_up_attention once per attention layer, on the very cache
+SGLang's scheduler process must have kernel_warmup's warm_up run every attention layer once, on the very cache
 views of SGLang's pool that the layer's serving steps then read, with the model's dtype and SGLang's own bounds
-(its context length; the most tokens one extend step runs), and warm_up_moe once for the model; all of it while
+(its context length; the most tokens one extend step runs), and the model's MoE layers once; all of it while
 the engine starts, none of it in a serving step. On CPU the warm-up itself is a no-op (the dispatcher picks the
 torch reference), so a spy (warmup_spy/sitecustomize.py, loaded by the processes SGLang spawns) logs the calls.
 Full attention over SGLang's MHA pool (Qwen3, dense) and MLA over its latent pool (DeepSeek-V2, one MoE layer).

@@ -46,18 +46,18 @@ def _leave_host_unmarked():
 
 
 @pytest.fixture
-def host_kernels():
-    """vLLM's CPU kernels registered as the dispatcher's host backend, as the vLLM attention layer does on vLLM's
-    CPU platform; removed afterwards (the reference serves every op again)."""
-    from atom_frontends.vllm.cpu_kernels import OPS, register_host_kernels
+def vllm_kernels():
+    """vLLM's CPU kernels registered as the dispatcher's provided backend, as the vLLM attention layer does on vLLM's
+    CPU platform; removed afterwards (atom_kernels' own CPU kernels and the reference serve every op again)."""
+    from atom_frontends.vllm.cpu_kernels import OPS, register_vllm_kernels
     from atom_kernels import dispatch
 
-    register_host_kernels()
-    assert all(dispatch.backend_for(op, "cpu") == "host" for op in OPS)
+    register_vllm_kernels()
+    assert all(dispatch.backend_for(op, "cpu") == "provided" for op in OPS)
     yield
     for op in OPS:
-        dispatch.register(op, "host", None)
-    assert dispatch.describe("cpu") == {op: "torch" for op in dispatch.OPS}
+        dispatch.register(op, "provided", None)
+    assert "provided" not in dispatch.describe("cpu").values()
 
 
 @pytest.fixture(scope="session")

@@ -102,7 +102,7 @@ def test_attention_stays_opaque_under_guard_free_compile():
                              options={"guard_filter_fn": torch.compiler.skip_all_guards_unsafe})
     with set_forward_context(None, cfg):  # warm-up / profiling: no metadata
         assert torch.count_nonzero(compiled(query, key, value)) == 0
-    with set_forward_context({PREFIX: build_metadata(common, BLOCK)}, cfg):
+    with set_forward_context({PREFIX: build_metadata(common)}, cfg):
         out = compiled(query, key, value)
     assert len(graphs) == 1  # one trace, reused: the second call ran the warm-up's graph
     torch.testing.assert_close(out, sdpa_reference(query, k_all, v_all, D**-0.5))
@@ -164,8 +164,8 @@ def test_qk_norm_rope_op_equals_norms_and_rotary_then_the_attention_op(mode):
     cfg, layer, common, (query, key, value, _, _), _ = _layer_and_step(7)
     plain_cfg, plain, _, _, _ = _layer_and_step(7)  # same seed: the same cache contents and step
     assert not layer.fuses_qk_norm_rope  # vLLM's CPU kernels own this platform's pages
-    for op in OPS:  # (built layers registered them) the reference serves every op, and owns the page format
-        dispatch.register(op, "host", None)
+    for op in OPS:  # (built layers registered them) atom_kernels' own kernels serve every op, in their page format
+        dispatch.register(op, "provided", None)
     g = torch.Generator().manual_seed(8)
     n = common.num_actual_tokens
     q_weight, k_weight = torch.rand(D, generator=g) + 0.5, torch.rand(D, generator=g) + 0.5

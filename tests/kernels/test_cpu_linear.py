@@ -1,12 +1,12 @@
-"""The native engine's CPU GEMM (oneDNN over prepacked float32 weights): what it computes (that an engine on the CPU
-runs it for every linear layer: test_cpu_kernels.py). Greedy tokens == transformers with it: test_parity and friends."""
+"""atom_kernels' CPU GEMM (oneDNN over prepacked float32 weights): what it computes (that an engine on the CPU runs it
+for every linear layer: test_cpu_kernels.py). Greedy tokens == transformers with it: test_parity and friends."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from atom_frontends.native import cpu_linear
+from atom_kernels.cpu import linear as cpu_linear
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
 
