@@ -2,9 +2,10 @@
 around it (rms_norm_linear, silu_and_mul_linear).
 
 On CPU, F.linear in float32 runs MKL's sgemm; oneDNN with the weight reordered once into its blocked format is
-faster at every row count a decode step of a small model has (measured: docs/kernels/linear.md). Both are plain float32 GEMMs: they differ in
-the order of the sums only, as MKL's own kernels for different shapes do, and as vLLM's prepacked CPU GEMM
-(atom_frontends.vllm.cpu_linear) does. Other dtypes keep F.linear (torch already sends bf16 to oneDNN).
+faster at every row count a decode step of a small model has (measured: docs/kernels/linear.md). Both are plain
+float32 GEMMs: they differ in the order of the sums only, as MKL's own kernels for different shapes do, and as
+vLLM's prepacked CPU GEMM (atom_frontends.vllm.cpu_linear) does.
+Other dtypes keep F.linear (torch already sends bf16 to oneDNN).
 
 Layers keep their weight next to the packed copy: the tied LM head shares it with the embedding, and the
 reference needs it.
