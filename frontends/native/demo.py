@@ -119,8 +119,9 @@ def _randomize_correction_bias(model, seed: int) -> None:
 
 def demo_checkpoint() -> Path:
     """The CLI's built-in demo model, built once and cached under $ATOM_CACHE_DIR (~/.cache/atom-core)."""
-    root = Path(os.environ.get("ATOM_CACHE_DIR", Path.home() / ".cache" / "atom-core"))
-    path = root / "demo-qwen3-random-v2"  # v2: initializer_range 0.2
+    from atom_core.gguf import cache_root
+
+    path = cache_root() / "demo-qwen3-random-v2"  # v2: initializer_range 0.2
     if not (path / "config.json").is_file():
         tmp = path.with_suffix(".tmp")
         build_checkpoint(tmp, "Qwen3ForCausalLM", seed=1234, num_hidden_layers=4, hidden_size=128,
