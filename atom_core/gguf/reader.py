@@ -27,6 +27,9 @@ class GGUFFile:
         try:
             reader = gguf.GGUFReader(str(self.path))
         except Exception as e:  # numpy/struct errors of a cut-off or foreign file: name the file, not numpy
+            if "cannot reshape" in str(e):  # the header promises more tensor data than the file holds
+                raise ValueError(f"{self.path} is truncated: its tensors need more data than the file's "
+                                 f"{self.path.stat().st_size} bytes; download or write it again") from None
             raise ValueError(f"{self.path} is not a readable GGUF file (corrupt or truncated?): "
                              f"{type(e).__name__}: {e}") from None
         self.tensors = {t.name: t for t in reader.tensors}

@@ -49,7 +49,10 @@ def build_tokenizer(f: GGUFFile):
     tokens = f.require("tokenizer.ggml.tokens")
     types = f.get("tokenizer.ggml.token_type") or [1] * len(tokens)
     merges = [tuple(m.split(" ", 1)) for m in f.get("tokenizer.ggml.merges", [])]
-    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False))
+    try:
+        tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False))
+    except Exception as e:  # the tokenizers library's own error type
+        raise ValueError(f"{f.path}: its tokenizer metadata does not make a BPE tokenizer: {e}") from None
     tok.pre_tokenizer = _pre_tokenizer(f)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
