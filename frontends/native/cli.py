@@ -95,8 +95,10 @@ def _chat(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from atom_frontends.native.serve import require_serve_deps
     from atom_frontends.native.serve.server import run
 
+    require_serve_deps()  # before a default model is converted
     resolve_model(args)
     args.served_model_name = args.served_model_name or [args.model_label]
     return run(args)
