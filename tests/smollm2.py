@@ -48,7 +48,8 @@ def hf_greedy(model, prompts: list[list[int]], new_tokens: int = NEW_TOKENS) -> 
     for p in prompts:
         seq = list(p)
         for _ in range(new_tokens):
-            seq.append(int(model(input_ids=torch.tensor([seq]), use_cache=False).logits[0, -1].argmax()))
+            ids = torch.tensor([seq], device=model.device)
+            seq.append(int(model(input_ids=ids, use_cache=False).logits[0, -1].argmax()))
         outs.append(seq[len(p):])
     return outs
 
@@ -63,6 +64,6 @@ def divergence_report(model, prompts, ours: list[list[int]], want: list[list[int
         pos = next((k for k, (a, b) in enumerate(zip(o, w)) if a != b), None)
         if pos is None:
             continue
-        logits = model(input_ids=torch.tensor([p + w[:pos]])).logits[0, -1].float()
+        logits = model(input_ids=torch.tensor([p + w[:pos]], device=model.device)).logits[0, -1].float()
         report.append((i, pos, float(logits[w[pos]] - logits[o[pos]])))
     return report

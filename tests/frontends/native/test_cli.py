@@ -81,15 +81,15 @@ def test_max_model_len_kv_cache_memory_and_dtype_flags(tmp_path):
     r = _run(["generate", "--demo", "--prompt", "x" * 70, "--max-model-len", "64"], tmp_path)
     assert r.returncode == 2 and "max_model_len=64 leaves no room" in r.stderr
     # The demo model's 4 layers x 2 KV heads x 32 dims in float32: 32 KiB per 16-token block, 1 MiB = 512 tokens.
-    r = _run(["generate", "--demo", "--prompt", "Hi", "--max-tokens", "2", "--kv-cache-memory", "1MiB", "--enforce-eager",
-              "--dtype", "float32"], tmp_path)
+    r = _run(["generate", "--demo", "--prompt", "Hi", "--max-tokens", "2", "--kv-cache-memory", "1MiB",
+              "--enforce-eager", "--dtype", "float32"], tmp_path)
     assert r.returncode == 0, r.stderr
     assert "max_model_len=512, lowered from the checkpoint's 2048 as the KV cache holds 512 tokens" in r.stderr
     r = _run(["generate", "--demo", "--kv-cache-memory", "1MiB", "--max-model-len", "1024"], tmp_path)
     assert r.returncode == 2 and "fewer than max_model_len=1024" in r.stderr
     # an fp8 cache: 1 byte per value instead of 4, so the same memory holds 4x the tokens
-    r = _run(["generate", "--demo", "--prompt", "Hi", "--max-tokens", "2", "--kv-cache-memory", "256KiB", "--enforce-eager",
-              "--dtype", "float32", "--kv-cache-dtype", "fp8"], tmp_path)
+    r = _run(["generate", "--demo", "--prompt", "Hi", "--max-tokens", "2", "--kv-cache-memory", "256KiB",
+              "--enforce-eager", "--dtype", "float32", "--kv-cache-dtype", "fp8"], tmp_path)
     assert r.returncode == 0, r.stderr
     assert "max_model_len=512, lowered from the checkpoint's 2048 as the KV cache holds 512 tokens" in r.stderr
     r = _run(["generate", "--demo", "--kv-cache-dtype", "fp8_e5m2"], tmp_path)
