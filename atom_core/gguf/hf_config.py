@@ -6,11 +6,11 @@ from typing import Any
 
 from atom_core.gguf.reader import GGUFFile
 
-# GGUF general.architecture → (HF architecture, model_type, llama.cpp permuted q/k rows)
+# GGUF general.architecture → (HF architecture, model_type, llama.cpp permuted q/k rows). MoE (qwen3moe) and MLA
+# (deepseek2) GGUFs are not converted yet: refused, naming these.
 ARCHITECTURES = {
     "llama": ("LlamaForCausalLM", "llama", True),
     "qwen3": ("Qwen3ForCausalLM", "qwen3", False),
-    "qwen3moe": ("Qwen3MoeForCausalLM", "qwen3_moe", False),
 }
 
 
@@ -55,11 +55,6 @@ def hf_config(f: GGUFFile) -> dict[str, Any]:
         value = f.get(f"tokenizer.ggml.{key}_token_id")
         if value is not None:
             cfg["pad_token_id" if key == "padding" else f"{key}_token_id"] = int(value)
-    if f.architecture == "qwen3moe":
-        cfg.update(num_experts=int(f.require("{arch}.expert_count")),
-                   num_experts_per_tok=int(f.require("{arch}.expert_used_count")),
-                   moe_intermediate_size=int(f.require("{arch}.expert_feed_forward_length")),
-                   norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])
     return cfg
 
 

@@ -16,10 +16,7 @@ _BLOCK = {
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
-    "ffn_gate_inp": "mlp.gate",
 }
-# MoE experts stored stacked, [experts, out, in]: one HF tensor per expert
-_EXPERTS = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
 _TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _NAME = re.compile(r"^(?:blk\.(?P<layer>\d+)\.)?(?P<base>[a-z_]+)\.(?P<kind>weight|bias)$")
 # Types stored unquantized: copied, not dequantized.
@@ -73,8 +70,7 @@ def hf_tensors(f: GGUFFile, permute_qk: tuple[int, int] | None) -> Iterator[tupl
     for name in f.tensors:
         m = _NAME.match(name)
         base = m and m["base"]
-        if m is None or (m["layer"] is None and base not in _TOP) or (
-                m["layer"] is not None and base not in _BLOCK and base not in _EXPERTS):
+        if m is None or base not in (_TOP if m["layer"] is None else _BLOCK):
             hint = " (llama3 rope scaling as a frequency tensor)" if name == "rope_freqs.weight" else ""
             raise ValueError(f"{f.path}: tensor {name!r}{hint} has no counterpart in atom-core's "
                              f"{f.architecture} model; this GGUF cannot be converted")
@@ -83,10 +79,6 @@ def hf_tensors(f: GGUFFile, permute_qk: tuple[int, int] | None) -> Iterator[tupl
             yield f"{_TOP[base]}.{m['kind']}", w
             continue
         prefix = f"model.layers.{m['layer']}"
-        if base in _EXPERTS:  # [experts, out, in]
-            for e in range(w.shape[0]):
-                yield f"{prefix}.mlp.experts.{e}.{_EXPERTS[base]}.{m['kind']}", w[e].clone()
-            continue
         if permute_qk is not None and base in ("attn_q", "attn_k"):
             w = unpermute_rows(w, permute_qk[0] if base == "attn_q" else permute_qk[1])
         yield f"{prefix}.{_BLOCK[base]}.{m['kind']}", w
