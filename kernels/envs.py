@@ -72,7 +72,8 @@ VARIABLES: dict[str, Variable] = {
     "ATOM_VLLM_COMPILE": Variable(True, parse_bool, "debug: 0 runs atom-core's decoder eagerly inside vLLM even "
                                                     "where vLLM compiles"),
     "ATOM_CACHE_DIR": Variable(Path.home() / ".cache" / "atom-core", lambda name, v: Path(v),
-                               "where the native CLI keeps its built-in demo model"),
+                               "where converted GGUF checkpoints (the default model among them) and "
+                               "the demo checkpoint are kept"),
     # Defined by a host or library, read here too
     "TRITON_INTERPRET": Variable(False, parse_bool, "Triton's own: 1 runs Triton kernels in its CPU interpreter "
                                                     "(then no programmatic dependent launch)"),

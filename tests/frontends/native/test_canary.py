@@ -8,6 +8,7 @@ import pytest
 
 from tests.broken_ops import BREAKS, broken
 from tests.frontends.native.test_parity import SCENARIOS
+from tests.frontends.native.test_smollm2 import smollm2_parity
 
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
@@ -16,6 +17,14 @@ def test_parity_catches_a_broken_op(checkpoint_factory, op, scenario):
     with broken(op):
         ours, want = SCENARIOS[scenario](checkpoint_factory)
     assert ours != want, f"the {scenario} parity check still passes with {op} broken"
+
+
+@pytest.mark.parametrize("op", ["rotary", "kv_write"])
+def test_real_weight_parity_catches_a_broken_op(smollm2, smollm2_oracle, op):
+    """SmolLM2's real weights too (test_smollm2.py): the trained model's answers change with the op broken."""
+    with broken(op):
+        ours, want = smollm2_parity(smollm2, smollm2_oracle)
+    assert ours != want, f"the SmolLM2 parity check still passes with {op} broken"
 
 
 def test_ops_are_restored_after_a_break():

@@ -17,12 +17,12 @@ def _run(args, tmp_path):
 
 
 def test_generate_with_builtin_demo_checkpoint(tmp_path):
-    r = _run(["generate", "--prompt", "Hello", "--prompt", "Bonjour à tous", "--max-tokens", "5"], tmp_path)
+    r = _run(["generate", "--demo", "--prompt", "Hello", "--prompt", "Bonjour à tous", "--max-tokens", "5"], tmp_path)
     assert r.returncode == 0, r.stderr
     assert "DEMO checkpoint: random weights" in r.stderr
     assert r.stdout.count("--- prompt:") == 2 and "tokens: 5" in r.stdout
     assert (tmp_path / "demo-qwen3-random-v2" / "config.json").is_file()
-    again = _run(["generate", "--prompt", "Hello", "--max-tokens", "5"], tmp_path)  # cached: same output
+    again = _run(["generate", "--demo", "--prompt", "Hello", "--max-tokens", "5"], tmp_path)  # cached: same output
     assert again.stdout.splitlines()[:2] == r.stdout.splitlines()[:2]
 
 
@@ -58,7 +58,8 @@ def _outputs(r) -> list[str]:
     return [line for line in r.stdout.splitlines() if line.lstrip().startswith("output:")]
 
 
-SAMPLE = ["generate", "--prompt", "Once", "--prompt", "upon a time", "--temperature", "1.0", "--max-tokens", "24"]
+SAMPLE = ["generate", "--demo", "--prompt", "Once", "--prompt", "upon a time", "--temperature", "1.0",
+          "--max-tokens", "24"]
 
 
 @pytest.mark.slow
@@ -74,24 +75,24 @@ def test_seed(tmp_path):
 
 @pytest.mark.slow
 def test_max_model_len_kv_cache_memory_and_dtype_flags(tmp_path):
-    r = _run(["generate", "--prompt", "Hi", "--max-tokens", "2", "--max-model-len", "64"], tmp_path)
+    r = _run(["generate", "--demo", "--prompt", "Hi", "--max-tokens", "2", "--max-model-len", "64"], tmp_path)
     assert r.returncode == 0, r.stderr
     assert "max_model_len=64" in r.stderr  # the one KV cache line
-    r = _run(["generate", "--prompt", "x" * 70, "--max-model-len", "64"], tmp_path)
+    r = _run(["generate", "--demo", "--prompt", "x" * 70, "--max-model-len", "64"], tmp_path)
     assert r.returncode == 2 and "max_model_len=64 leaves no room" in r.stderr
     # The demo model's 4 layers x 2 KV heads x 32 dims in float32: 32 KiB per 16-token block, 1 MiB = 512 tokens.
-    r = _run(["generate", "--prompt", "Hi", "--max-tokens", "2", "--kv-cache-memory", "1MiB", "--enforce-eager",
-              "--dtype", "float32"], tmp_path)
+    r = _run(["generate", "--demo", "--prompt", "Hi", "--max-tokens", "2", "--kv-cache-memory", "1MiB",
+              "--enforce-eager", "--dtype", "float32"], tmp_path)
     assert r.returncode == 0, r.stderr
     assert "max_model_len=512, lowered from the checkpoint's 2048 as the KV cache holds 512 tokens" in r.stderr
-    r = _run(["generate", "--kv-cache-memory", "1MiB", "--max-model-len", "1024"], tmp_path)
+    r = _run(["generate", "--demo", "--kv-cache-memory", "1MiB", "--max-model-len", "1024"], tmp_path)
     assert r.returncode == 2 and "fewer than max_model_len=1024" in r.stderr
     # an fp8 cache: 1 byte per value instead of 4, so the same memory holds 4x the tokens
-    r = _run(["generate", "--prompt", "Hi", "--max-tokens", "2", "--kv-cache-memory", "256KiB", "--enforce-eager",
-              "--dtype", "float32", "--kv-cache-dtype", "fp8"], tmp_path)
+    r = _run(["generate", "--demo", "--prompt", "Hi", "--max-tokens", "2", "--kv-cache-memory", "256KiB",
+              "--enforce-eager", "--dtype", "float32", "--kv-cache-dtype", "fp8"], tmp_path)
     assert r.returncode == 0, r.stderr
     assert "max_model_len=512, lowered from the checkpoint's 2048 as the KV cache holds 512 tokens" in r.stderr
-    r = _run(["generate", "--kv-cache-dtype", "fp8_e5m2"], tmp_path)
+    r = _run(["generate", "--demo", "--kv-cache-dtype", "fp8_e5m2"], tmp_path)
     assert r.returncode == 2 and "kv_cache_dtype='fp8_e5m2'; supported: auto, fp8, fp8_e4m3" in r.stderr, r.stderr
 
 

