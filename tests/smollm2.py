@@ -42,15 +42,17 @@ def hf_dir_model(path, dtype=torch.float32):
 
 @torch.inference_mode()
 def hf_greedy(model, prompts: list[list[int]], new_tokens: int = NEW_TOKENS) -> list[list[int]]:
-    """Greedy tokens, EOS not special (the engines run with ignore_eos): the whole sequence through the model for
-    each token (no cache API, which changed between transformers versions)."""
+    """Greedy tokens, EOS not special (the engines run with ignore_eos), one prompt at a time with transformers'
+    KV cache (`past_key_values`, which transformers 4.56 and 5 both take)."""
     outs = []
     for p in prompts:
-        seq = list(p)
+        ids, past, out = torch.tensor([p], device=model.device), None, []
         for _ in range(new_tokens):
-            ids = torch.tensor([seq], device=model.device)
-            seq.append(int(model(input_ids=ids, use_cache=False).logits[0, -1].argmax()))
-        outs.append(seq[len(p):])
+            res = model(input_ids=ids, past_key_values=past, use_cache=True)
+            past = res.past_key_values
+            out.append(int(res.logits[0, -1].argmax()))
+            ids = torch.tensor([out[-1:]], device=model.device)
+        outs.append(out)
     return outs
 
 
