@@ -3,6 +3,7 @@ SmolLM2-135M-Instruct's real weights (the session's converted copy, tests/confte
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pty
 import select
@@ -10,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -33,13 +35,32 @@ def _read_until(fd: int, marker: bytes, timeout: float) -> bytes:
     return out
 
 
+@contextlib.contextmanager
+def chat_terminal(cache, *args: str) -> Iterator[tuple[int, int]]:
+    """(pid, terminal fd) of `atom-core chat *args` with a pseudo-terminal as its controlling terminal; the
+    process is killed on the way out if it is still there."""
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the chat
+        os.environ["ATOM_CACHE_DIR"] = str(cache)
+        os.execv(EXE, [EXE, "chat", *args, *ENGINE])
+    try:
+        yield pid, fd
+    finally:
+        try:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+        os.close(fd)
+
+
+def _exit_code(pid: int) -> int:
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
 def test_chat_two_turns_in_a_terminal(smollm2):
     cache, path, _ = smollm2
-    pid, fd = pty.fork()
-    if pid == 0:  # the child: the chat, with the pseudo-terminal as its controlling terminal
-        os.environ["ATOM_CACHE_DIR"] = str(cache)
-        os.execv(EXE, [EXE, "chat", "--model", str(path), "--max-tokens", "40", *ENGINE])
-    try:
+    with chat_terminal(cache, "--model", str(path), "--max-tokens", "40") as (pid, fd):
         _read_until(fd, b">>> ", 600)
         os.write(fd, b"Hi! My name is Zorblax.\r")
         first = _read_until(fd, b">>> ", 300).decode(errors="replace")
@@ -48,25 +69,13 @@ def test_chat_two_turns_in_a_terminal(smollm2):
         assert "Zorblax" in second.split("What is my name?", 1)[1], (first, second)  # the answer, not the echo
         os.write(fd, b"\x04")  # Ctrl-D
         _read_until(fd, b"\n", 30)
-        _, status = os.waitpid(pid, 0)
-        assert os.waitstatus_to_exitcode(status) == 0
-    finally:
-        try:
-            os.kill(pid, 9)
-            os.waitpid(pid, 0)
-        except (ProcessLookupError, ChildProcessError):
-            pass
-        os.close(fd)
+        assert _exit_code(pid) == 0
 
 
 def test_ctrl_c_stops_the_answer_and_exit_leaves(smollm2):
     cache, path, _ = smollm2
-    pid, fd = pty.fork()
-    if pid == 0:
-        os.environ["ATOM_CACHE_DIR"] = str(cache)
-        os.execv(EXE, [EXE, "chat", "--model", str(path), "--max-tokens", "400", "--system", "Answer at length.",
-                       *ENGINE])
-    try:
+    args = ("--model", str(path), "--max-tokens", "400", "--system", "Answer at length.")
+    with chat_terminal(cache, *args) as (pid, fd):
         _read_until(fd, b">>> ", 600)
         os.write(fd, b"Tell me a long story about a dragon.\r")
         _read_until(fd, b" ", 120)  # the answer started
@@ -75,15 +84,7 @@ def test_ctrl_c_stops_the_answer_and_exit_leaves(smollm2):
         stopped = _read_until(fd, b">>> ", 120).decode(errors="replace")
         assert "[stopped]" in stopped
         os.write(fd, b"exit\r")
-        _, status = os.waitpid(pid, 0)
-        assert os.waitstatus_to_exitcode(status) == 0
-    finally:
-        try:
-            os.kill(pid, 9)
-            os.waitpid(pid, 0)
-        except (ProcessLookupError, ChildProcessError):
-            pass
-        os.close(fd)
+        assert _exit_code(pid) == 0
 
 
 def test_generate_default_model_answers(smollm2):
