@@ -1,7 +1,7 @@
 """The pluggy hooks (project name "atom"): the core's questions to the frontends, each frontend's hooks.py answers.
 
-The core calls every hook (see plugins.py for where); a frontend never calls one. Hooks that take `host` are asked
-for the host the core detected (plugins.current_host): each frontend answers for its own host only.
+The core calls every hook (see plugins.py for where); a frontend never calls one. atom_platform,
+atom_attention_impl and atom_metadata_builder are asked of the current host's frontend alone (plugins.host_hooks).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ class AtomHookSpecs:
         """This frontend's host name if that host drives the current process/scope, else None."""
 
     @hookspec(firstresult=True)
-    def atom_platform(self, host: str) -> Platform | None:
-        """The Platform (device, dtypes, TP rank/size and collectives) for `host`."""
+    def atom_platform(self) -> Platform | None:
+        """The Platform (device, dtypes, TP rank/size and collectives) of this frontend's host."""
 
     @hookspec(firstresult=True)
     def atom_translate_config(self, host_config: Any) -> AtomConfig | None:
@@ -38,10 +38,10 @@ class AtomHookSpecs:
         others answer None). Asked by atom_core.loader.build_model."""
 
     @hookspec(firstresult=True)
-    def atom_attention_impl(self, host: str, spec: AttentionSpec) -> type | None:
-        """The attention layer class `host`'s runner expects for a layer described by `spec` (MHA or MLA)."""
+    def atom_attention_impl(self, spec: AttentionSpec) -> type | None:
+        """The attention layer class this host's runner expects for a layer described by `spec` (MHA or MLA)."""
 
     @hookspec(firstresult=True)
-    def atom_metadata_builder(self, host: str, spec: AttentionSpec) -> Callable[..., Any] | type | None:
-        """What turns `host`'s batch into the one AttentionMetadata for layers of `spec`: the Attention factory
+    def atom_metadata_builder(self, spec: AttentionSpec) -> Callable[..., Any] | type | None:
+        """What turns this host's batch into the one AttentionMetadata for layers of `spec`: the Attention factory
         attaches it to the layer it makes (`layer.metadata_builder`), where the host's runner/backend reads it."""

@@ -153,16 +153,34 @@ def current_host() -> str:
     )
 
 
-def answer(result: Any, hook_name: str, host: str) -> Any:
-    """A firstresult hook's answer, or a clear error when no frontend gave one."""
-    if result is None:
-        raise RuntimeError(
-            f"no frontend answered {hook_name} for host {host!r} (frontends loaded: {frontend_names()})"
-        )
-    return result
+class HostHooks:
+    """The hooks of one host's frontend alone (a frontend's name is its host's name): `host_hooks(h).atom_platform()`
+    asks only frontend `h`, so a frontend answers for its own host without checking which host was meant."""
+
+    def __init__(self, pm: pluggy.PluginManager, host: str) -> None:
+        if pm.get_plugin(host) is None:
+            raise RuntimeError(f"no frontend named {host!r} is loaded (frontends loaded: {frontend_names()})")
+        self._pm, self.host = pm, host
+        self._others = [plugin for name, plugin in pm.list_name_plugin() if name != host]
+
+    def __getattr__(self, hook_name: str) -> Any:
+        caller = self._pm.subset_hook_caller(hook_name, remove_plugins=self._others)
+
+        def ask(**kwargs: Any) -> Any:
+            result = caller(**kwargs)
+            if result is None:
+                raise RuntimeError(f"frontend {self.host!r} gave no answer to {hook_name} "
+                                   f"(frontends loaded: {frontend_names()})")
+            return result
+
+        return ask
+
+
+def host_hooks(host: str | None = None) -> HostHooks:
+    """The hooks of `host`'s frontend (default: the current host's)."""
+    return HostHooks(get_plugin_manager(), host or current_host())
 
 
 def current_platform(host: str | None = None):
     """The Platform of `host` (default: the current one), from its frontend's atom_platform."""
-    host = host or current_host()
-    return answer(hook().atom_platform(host=host), "atom_platform", host)
+    return host_hooks(host).atom_platform()

@@ -14,7 +14,7 @@ import torch
 import atom_kernels
 from atom_core.forward_context import AttentionMetadata
 from atom_core.layers.attention_spec import FULL_ATTENTION_OPS, MLA_OPS, AttentionSpec
-from atom_core.plugins import answer, current_host, hook
+from atom_core.plugins import host_hooks
 
 __all__ = ["FULL_ATTENTION_OPS", "MLA_OPS", "Attention", "AttentionSpec", "attention_forward", "metadata_builder_of",
            "mla_forward", "qk_norm_rope_attention_forward"]
@@ -36,9 +36,9 @@ class Attention:
         spec = AttentionSpec(num_heads, head_dim, scale, num_kv_heads, prefix,
                              sliding_window if sliding_window and sliding_window > 0 else None,
                              kv_cache_dtype, kv_lora_rank, qk_rope_head_dim)
-        host = current_host()
-        layer_cls = answer(hook().atom_attention_impl(host=host, spec=spec), "atom_attention_impl", host)
-        builder = answer(hook().atom_metadata_builder(host=host, spec=spec), "atom_metadata_builder", host)
+        hooks = host_hooks()  # the current host's frontend
+        layer_cls = hooks.atom_attention_impl(spec=spec)
+        builder = hooks.atom_metadata_builder(spec=spec)
         layer = layer_cls(spec)
         layer.metadata_builder = builder
         return layer

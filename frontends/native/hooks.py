@@ -17,9 +17,7 @@ def atom_detect_host() -> str | None:
 
 
 @hookimpl
-def atom_platform(host: str):
-    if host != HOST:
-        return None
+def atom_platform():
     from atom_core.platform import Platform, default_device
 
     device = default_device()
@@ -35,18 +33,14 @@ def atom_translate_config(host_config: Any):
 
 
 @hookimpl
-def atom_metadata_builder(host: str, spec: Any):
-    if host != HOST:
-        return None
+def atom_metadata_builder(spec: Any):
     from atom_frontends.native.inputs import InputBuilder
 
     return InputBuilder
 
 
 @hookimpl
-def atom_attention_impl(host: str, spec: Any):
-    if host != HOST:
-        return None
+def atom_attention_impl(spec: Any):
     from atom_frontends.native.attention import NativeAttention, NativeMLAAttention
 
     return NativeMLAAttention if spec.is_mla else NativeAttention

@@ -22,9 +22,7 @@ def atom_detect_host() -> str | None:
 
 
 @hookimpl
-def atom_platform(host: str):
-    if host != HOST:
-        return None
+def atom_platform():
     from atom_frontends.sglang.config import sglang_platform
 
     return sglang_platform()
@@ -38,18 +36,14 @@ def atom_translate_config(host_config: Any):
 
 
 @hookimpl
-def atom_metadata_builder(host: str, spec: Any):
-    if host != HOST:
-        return None
+def atom_metadata_builder(spec: Any):
     from atom_frontends.sglang.metadata import build_metadata
 
     return build_metadata
 
 
 @hookimpl
-def atom_attention_impl(host: str, spec: Any):
-    if host != HOST:
-        return None
+def atom_attention_impl(spec: Any):
     from atom_frontends.sglang.attention import SGLangAttention, SGLangMLAAttention
 
     return SGLangMLAAttention if spec.is_mla else SGLangAttention

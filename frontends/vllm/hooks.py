@@ -1,5 +1,5 @@
-"""vLLM host hooks. They answer only for host "vllm"; the host is marked active by our vLLM entry
-points (plugin.py), which vLLM runs in every one of its processes."""
+"""vLLM host hooks, asked by the core of this frontend alone when the host is "vllm"; the host is marked active
+by our vLLM entry points (plugin.py), which vLLM runs in every one of its processes."""
 
 from __future__ import annotations
 
@@ -18,9 +18,7 @@ def atom_detect_host() -> str | None:
 
 
 @hookimpl
-def atom_platform(host: str):
-    if host != HOST:
-        return None
+def atom_platform():
     from atom_frontends.vllm.config import platform_from_vllm
 
     return platform_from_vllm()
@@ -35,18 +33,14 @@ def atom_translate_config(host_config: Any):
 
 
 @hookimpl
-def atom_metadata_builder(host: str, spec: Any):
-    if host != HOST:
-        return None
+def atom_metadata_builder(spec: Any):
     from atom_frontends.vllm.metadata import build_metadata
 
     return build_metadata
 
 
 @hookimpl
-def atom_attention_impl(host: str, spec: Any):
-    if host != HOST:
-        return None
+def atom_attention_impl(spec: Any):
     if spec.is_mla:
         from atom_frontends.vllm.mla import MLAAttentionForVllm
 

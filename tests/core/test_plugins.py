@@ -119,9 +119,44 @@ def test_disable_and_allow_lists(monkeypatch):
     assert plugins.frontend_names() == ["native"]
 
 
-def test_hook_without_answer_names_the_host():
-    with pytest.raises(RuntimeError, match="no frontend answered atom_platform for host 'mars'"):
+def test_hooks_of_an_unknown_host_name_it():
+    with pytest.raises(RuntimeError, match="no frontend named 'mars' is loaded"):
         plugins.current_platform("mars")
+
+
+def test_host_hooks_ask_that_hosts_frontend_alone():
+    """Two frontends that both answer atom_attention_impl: the core gets the answer of the host it asks."""
+    def frontend(answer):
+        class Frontend:
+            @hookimpl
+            def atom_attention_impl(self, spec):
+                return answer
+
+        return Frontend()
+
+    pm = plugins.get_plugin_manager()
+    pm.register(frontend("mars-layer"), name="mars")
+    pm.register(frontend("venus-layer"), name="venus")
+    try:
+        assert plugins.host_hooks("mars").atom_attention_impl(spec=None) == "mars-layer"
+        assert plugins.host_hooks("venus").atom_attention_impl(spec=None) == "venus-layer"
+    finally:
+        pm.unregister(name="mars")
+        pm.unregister(name="venus")
+
+
+def test_a_frontend_without_an_answer_is_a_clear_error():
+    class Mute:
+        @hookimpl
+        def atom_platform(self):
+            return None
+
+    plugins.get_plugin_manager().register(Mute(), name="mute")
+    try:
+        with pytest.raises(RuntimeError, match="frontend 'mute' gave no answer to atom_platform"):
+            plugins.current_platform("mute")
+    finally:
+        plugins.get_plugin_manager().unregister(name="mute")
 
 
 def test_attention_factory_returns_the_hosts_class_with_its_metadata_builder():

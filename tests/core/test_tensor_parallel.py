@@ -18,9 +18,7 @@ from atom_core.hookspecs import hookimpl
 
 class _GlooHost:
     @hookimpl
-    def atom_platform(self, host):
-        if host != "tp-test":
-            return None
+    def atom_platform(self):
         from atom_core.platform import Platform
 
         def all_reduce(t):
@@ -36,16 +34,16 @@ class _GlooHost:
                         tp_size=dist.get_world_size(), all_reduce=all_reduce, all_gather=all_gather)
 
     @hookimpl
-    def atom_attention_impl(self, host, spec):
+    def atom_attention_impl(self, spec):
         from atom_frontends.native.attention import NativeAttention
 
-        return NativeAttention if host == "tp-test" else None
+        return NativeAttention
 
     @hookimpl
-    def atom_metadata_builder(self, host, spec):
+    def atom_metadata_builder(self, spec):
         from atom_frontends.native.inputs import InputBuilder
 
-        return InputBuilder if host == "tp-test" else None
+        return InputBuilder
 
 
 def _worker(rank, world, path, port, queue):

@@ -108,15 +108,15 @@ def test_outside_an_sglang_process_the_error_says_what_to_do():
     assert "SGLANG_EXTERNAL_MODEL_PACKAGE=atom_frontends.sglang.models" in proc.stdout
 
 
-def test_hooks_answer_only_for_sglang():
+def test_hooks_as_the_core_asks_them():
     from atom_core.layers.attention import AttentionSpec
+    from atom_core.plugins import host_hooks
     from atom_frontends.sglang import hooks
+    from atom_frontends.sglang.metadata import build_metadata
 
     spec = AttentionSpec(4, 16, 0.25, 2, "model.layers.0.self_attn.attn")
-    assert hooks.atom_attention_impl(host="native", spec=spec) is None
-    assert hooks.atom_metadata_builder(host="vllm", spec=spec) is None
     assert hooks.atom_translate_config(host_config=object()) is None  # not SGLang's object
-    assert hooks.atom_platform(host="native") is None
-    assert hooks.atom_attention_impl(host="sglang", spec=spec).__name__ == "SGLangAttention"
+    assert host_hooks("sglang").atom_attention_impl(spec=spec).__name__ == "SGLangAttention"
+    assert host_hooks("sglang").atom_metadata_builder(spec=spec) is build_metadata
     mla = AttentionSpec(4, 24, 0.25, 1, "model.layers.0.self_attn.attn", kv_lora_rank=16, qk_rope_head_dim=8)
-    assert hooks.atom_attention_impl(host="sglang", spec=mla).__name__ == "SGLangMLAAttention"
+    assert host_hooks("sglang").atom_attention_impl(spec=mla).__name__ == "SGLangMLAAttention"

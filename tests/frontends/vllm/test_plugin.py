@@ -80,26 +80,22 @@ def test_disabled_plugin_does_nothing(monkeypatch):
     assert not VLLM.is_active()
 
 
-def test_hooks_answer_only_for_vllm():
+def test_hooks_as_the_core_asks_them():
     from atom_core.layers.attention import AttentionSpec
-    from atom_core.plugins import get_plugin_manager, hook
+    from atom_core.plugins import get_plugin_manager, host_hooks
     from atom_frontends.vllm import hooks
     from atom_frontends.vllm.attention import AttentionForVllm
     from atom_frontends.vllm.metadata import build_metadata
 
     spec = AttentionSpec(4, 32, 0.2, 2, "model.layers.0.self_attn.attn")
-    for other in ("native", "sglang"):
-        assert hooks.atom_platform(host=other) is None
-        assert hooks.atom_metadata_builder(host=other, spec=spec) is None
-        assert hooks.atom_attention_impl(host=other, spec=spec) is None
     assert hooks.atom_detect_host() is None  # nothing marked the host in this test
     with VLLM.scope():
         assert hooks.atom_detect_host() == "vllm"
     assert hooks.atom_translate_config(host_config=object()) is None  # not a VllmConfig
     assert "vllm" in dict(get_plugin_manager().list_name_plugin())  # a built-in frontend
-    # as the Attention factory asks them
-    assert hook().atom_attention_impl(host="vllm", spec=spec) is AttentionForVllm
-    assert hook().atom_metadata_builder(host="vllm", spec=spec) is build_metadata
+    # as the Attention factory asks them: the vLLM frontend alone
+    assert host_hooks("vllm").atom_attention_impl(spec=spec) is AttentionForVllm
+    assert host_hooks("vllm").atom_metadata_builder(spec=spec) is build_metadata
 
 
 def test_platform_hook_outside_vllm_workers_is_a_clear_error():
@@ -139,7 +135,7 @@ def test_package_imports_without_vllm():
     code = (
         "import sys; sys.modules['vllm'] = None\n"
         "import atom_frontends.vllm, atom_frontends.vllm.hooks as h, atom_frontends.vllm.plugin as p\n"
-        "assert h.atom_platform(host='native') is None and h.atom_detect_host() is None\n"
+        "assert h.atom_detect_host() is None\n"
         "assert h.atom_translate_config(host_config=object()) is None  # vLLM's config type not imported\n"
         "assert p.is_disabled() is False\n"
         "print('ok')\n"
