@@ -68,8 +68,6 @@ _TRITON = {
     "silu_and_mul_linear": "fused_linear:silu_and_mul_linear",
     "sample_tokens": "sampling:sample_tokens",
 }
-for _op, _target in _TRITON.items():
-    _IMPLS[_op]["triton"] = f"atom_kernels.triton.{_target}"
 # The CPU kernels (atom_kernels/cpu/<module>.py), for the ops where fewer torch calls than the reference pay.
 _CPU = {
     "write_kv_cache": "kv_cache:write_kv_cache",
@@ -80,8 +78,10 @@ _CPU = {
     "rms_norm_linear": "linear:rms_norm_linear",
     "silu_and_mul_linear": "linear:silu_and_mul_linear",
 }
-for _op, _target in _CPU.items():
-    _IMPLS[_op]["cpu"] = f"atom_kernels.cpu.{_target}"
+# Each in its package, atom_kernels.<backend>.
+for _backend, _kernels in (("triton", _TRITON), ("cpu", _CPU)):
+    for _op, _target in _kernels.items():
+        _IMPLS[_op][_backend] = f"atom_kernels.{_backend}.{_target}"
 
 
 def register(op: str, backend: str, target: str | None, device_type: str | None = None) -> str | None:

@@ -106,3 +106,18 @@ def smollm2_oracle(smollm2):
     model = hf_gguf_model(gguf)
     prompts = chat_prompts(AutoTokenizer.from_pretrained(str(path), local_files_only=True))
     return model, prompts, hf_greedy(model, prompts)
+
+
+@pytest.fixture(scope="session")
+def smollm2_converted_oracle(smollm2):
+    """(float32 transformers model on the converted checkpoint, its tokenizer, chat prompts, its greedy tokens): the
+    reference of the vLLM and SGLang real-weight parity (their engines load the converted directory)."""
+    from transformers import AutoTokenizer
+
+    from tests.smollm2 import chat_prompts, hf_dir_model, hf_greedy
+
+    _, path, _ = smollm2
+    tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    model = hf_dir_model(path)
+    prompts = chat_prompts(tokenizer)
+    return model, tokenizer, prompts, hf_greedy(model, prompts)

@@ -69,3 +69,12 @@ def divergence_report(model, prompts, ours: list[list[int]], want: list[list[int
         logits = model(input_ids=torch.tensor([p + w[:pos]], device=model.device)).logits[0, -1].float()
         report.append((i, pos, float(logits[w[pos]] - logits[o[pos]])))
     return report
+
+
+def check_bf16_divergence(host: str, model, prompts, ours: list[list[int]], want: list[list[int]]) -> None:
+    """Print where `host`'s bf16 greedy tokens first leave transformers' float32 ones, and require each such
+    place to be one where float32 itself was nearly undecided (logit margin < 1)."""
+    report = divergence_report(model, prompts, ours, want)
+    print(f"\n{host} bf16 vs float32 greedy, SmolLM2: {len(report)} of {len(want)} chats diverge; (chat, first "
+          f"differing token, float32 logit margin there): {report}")
+    assert all(margin < 1.0 for _, _, margin in report), report

@@ -8,22 +8,9 @@ from __future__ import annotations
 
 import sys
 
-import pytest
-
 from tests.frontends.sglang.helpers import sglang_engine
 from tests.openai_server import free_port, greedy_chats, server
-from tests.smollm2 import CHATS, NEW_TOKENS, chat_prompts, divergence_report, hf_dir_model, hf_greedy
-
-
-@pytest.fixture(scope="module")
-def reference(smollm2):
-    from transformers import AutoTokenizer
-
-    _, path, _ = smollm2
-    tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    model = hf_dir_model(path)
-    prompts = chat_prompts(tokenizer)
-    return model, tokenizer, prompts, hf_greedy(model, prompts)
+from tests.smollm2 import CHATS, NEW_TOKENS, check_bf16_divergence
 
 
 def _greedy(path, prompts, dtype: str) -> list[list[int]]:
@@ -33,21 +20,18 @@ def _greedy(path, prompts, dtype: str) -> list[list[int]]:
     return [o["output_ids"] for o in outs]
 
 
-def test_float32_greedy_equals_transformers(smollm2, reference):
-    assert _greedy(smollm2[1], reference[2], "float32") == reference[3]
+def test_float32_greedy_equals_transformers(smollm2, smollm2_converted_oracle):
+    assert _greedy(smollm2[1], smollm2_converted_oracle[2], "float32") == smollm2_converted_oracle[3]
 
 
-def test_bfloat16_first_divergence_is_where_float32_is_nearly_undecided(smollm2, reference):
-    model, _, prompts, want = reference
-    report = divergence_report(model, prompts, _greedy(smollm2[1], prompts, "bfloat16"), want)
-    print(f"\nSGLang bf16 vs float32 greedy, SmolLM2: {len(report)} of {len(want)} chats diverge; (chat, first "
-          f"differing token, float32 logit margin there): {report}")
-    assert all(margin < 1.0 for _, _, margin in report), report
+def test_bfloat16_first_divergence_is_where_float32_is_nearly_undecided(smollm2, smollm2_converted_oracle):
+    model, _, prompts, want = smollm2_converted_oracle
+    check_bf16_divergence("SGLang", model, prompts, _greedy(smollm2[1], prompts, "bfloat16"), want)
 
 
-def test_sglang_openai_server_chat_equals_transformers(smollm2, reference, tmp_path):
+def test_sglang_openai_server_chat_equals_transformers(smollm2, smollm2_converted_oracle, tmp_path):
     _, path, _ = smollm2
-    _, tokenizer, _, want = reference
+    _, tokenizer, _, want = smollm2_converted_oracle
     port = free_port()
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(path), "--port", str(port),
            "--host", "127.0.0.1", "--served-model-name", "smollm2", "--device", "cpu", "--dtype", "float32",
