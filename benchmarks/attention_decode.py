@@ -39,8 +39,8 @@ from common import Report, copy_bandwidth, gpu_times, shuffled_tables, summary
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import atom_kernels
-from atom_kernels.triton.attention_common import softmax_scale
-from atom_kernels.triton.attention_decode import decode_config, launch_decode
+from atom_kernels.triton.attention.common import softmax_scale
+from atom_kernels.triton.attention.decode import decode_config, launch_decode
 
 SHAPES = [(32, 4096), (128, 2048), (8, 16384)]
 MIXED = [(256, 100), (128, 300), (64, 500), (32, 800)]  # (batch, shortest context): contexts uniform in [lo, 2048]

@@ -38,8 +38,8 @@ from torch.nn.attention.bias import causal_lower_right
 
 import atom_kernels
 from atom_kernels.triton._utils import pow2
-from atom_kernels.triton.attention_common import attend_tile, load_block_ids, load_kv_tile, softmax_scale
-from atom_kernels.triton.attention_prefill import _find_seq, launch_prefill, prefill_config
+from atom_kernels.triton.attention.common import attend_tile, load_block_ids, load_kv_tile, softmax_scale
+from atom_kernels.triton.attention.prefill import _find_seq, launch_prefill, prefill_config
 
 MODELS = {"Qwen3-0.6B": (16, 8), "Llama-3-8B": (32, 8)}  # query heads, KV heads
 SHAPES = [(1, 4096, 0), (8, 1024, 0), (32, 512, 0), (8, 512, 2048)]  # seqs, new tokens, cached tokens

@@ -42,9 +42,9 @@ from common import Report, copy_bandwidth, gpu_times, shuffled_tables, summary
 import atom_kernels
 from atom_kernels import reference
 from atom_kernels.reference.mla import mla_decode_metadata
-from atom_kernels.triton.attention_common import softmax_scale
-from atom_kernels.triton.attention_decode import decode_order, pick_splits
-from atom_kernels.triton.mla_decode import (
+from atom_kernels.triton.attention.common import softmax_scale
+from atom_kernels.triton.attention.decode import decode_order, pick_splits
+from atom_kernels.triton.mla.decode import (
     launch_mla_decode,
     mla_decode_config,
     resident_programs,

@@ -26,7 +26,7 @@ import triton.language as tl
 
 from atom_kernels.reference.sampling import U_MAX, U_MIN
 from atom_kernels.triton._utils import FLOAT_DTYPES, check, check_dtype, check_same_device, pdl, pdl_prologue, pow2
-from atom_kernels.triton.attention_decode import num_sms
+from atom_kernels.triton.attention.decode import num_sms
 
 TILE = 512  # Philox counters (4 * TILE tokens) per iteration: 4 per thread with 4 warps
 PROGRAMS_PER_SM = 4  # small programs: several resident per SM hide the loads' latency behind the others' Philox

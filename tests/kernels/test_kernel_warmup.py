@@ -19,12 +19,12 @@ from atom_core.layers.kernel_warmup import AttentionCaches, warm_up  # noqa: E40
 from atom_kernels import dispatch  # noqa: E402
 from atom_kernels.triton import attention, mla, moe  # noqa: E402
 from atom_kernels.triton._utils import pow2  # noqa: E402
-from atom_kernels.triton.attention_decode import decode_config  # noqa: E402
-from atom_kernels.triton.attention_prefill import prefill_config  # noqa: E402
-from atom_kernels.triton.mla_decode import mla_decode_config  # noqa: E402
-from atom_kernels.triton.mla_prefill import mla_prefill_config  # noqa: E402
+from atom_kernels.triton.attention.decode import decode_config  # noqa: E402
+from atom_kernels.triton.attention.prefill import prefill_config  # noqa: E402
+from atom_kernels.triton.mla.decode import mla_decode_config  # noqa: E402
+from atom_kernels.triton.mla.prefill import mla_prefill_config  # noqa: E402
 from atom_kernels.triton.moe import moe_config  # noqa: E402
-from atom_kernels.triton.moe_align import CHUNK, SMALL_CHUNKS  # noqa: E402
+from atom_kernels.triton.moe.align import CHUNK, SMALL_CHUNKS  # noqa: E402
 
 DEVICE = torch.device("cpu")  # the configs only ask the device for its SM count
 BOUNDS = [(256, 8192), (3000, 96), (32768, 8192), (2048, 1), (512, 7)]  # (max_model_len, max_num_batched_tokens)

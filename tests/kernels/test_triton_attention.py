@@ -14,9 +14,9 @@ pytest.importorskip("triton")
 
 from atom_kernels import reference as ref  # noqa: E402  (after the triton skip)
 from atom_kernels.triton.attention import paged_attention  # noqa: E402
-from atom_kernels.triton.attention_common import softmax_scale  # noqa: E402
-from atom_kernels.triton.attention_decode import _decode_kernel, _merge_kernel, decode_slots, launch_decode  # noqa: E402
-from atom_kernels.triton.attention_prefill import _prefill_kernel, launch_prefill, prefill_config  # noqa: E402
+from atom_kernels.triton.attention.common import softmax_scale  # noqa: E402
+from atom_kernels.triton.attention.decode import _decode_kernel, _merge_kernel, decode_slots, launch_decode  # noqa: E402
+from atom_kernels.triton.attention.prefill import _prefill_kernel, launch_prefill, prefill_config  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 F32, BF16, F16, FP8 = torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn

@@ -14,8 +14,8 @@ import torch
 pytest.importorskip("triton")
 
 from atom_kernels.triton.attention import paged_attention  # noqa: E402  (after the triton skip)
-from atom_kernels.triton.attention_common import softmax_scale  # noqa: E402
-from atom_kernels.triton.attention_prefill import launch_prefill  # noqa: E402
+from atom_kernels.triton.attention.common import softmax_scale  # noqa: E402
+from atom_kernels.triton.attention.prefill import launch_prefill  # noqa: E402
 from tests.interpreter import run_under_interpreter  # noqa: E402
 from tests.kernels.test_triton_attention import check, expected, make_batch, positional  # noqa: E402
 

@@ -21,13 +21,13 @@ import triton.language as tl  # noqa: E402
 from atom_kernels import reference as ref  # noqa: E402  (after the triton skip)
 from atom_kernels.reference.mla import MLADecodeMetadata, mla_decode_buffers, mla_decode_metadata  # noqa: E402
 from atom_kernels.triton.attention import paged_attention  # noqa: E402
-from atom_kernels.triton.attention_common import softmax_scale  # noqa: E402
-from atom_kernels.triton.attention_decode import num_sms  # noqa: E402
+from atom_kernels.triton.attention.common import softmax_scale  # noqa: E402
+from atom_kernels.triton.attention.decode import num_sms  # noqa: E402
 from atom_kernels.triton.mla import mla_attention  # noqa: E402
-from atom_kernels.triton.mla_cache import write_latent_cache  # noqa: E402
-from atom_kernels.triton.mla_common import e4m3_bits_as_f16  # noqa: E402
-from atom_kernels.triton.mla_decode import hopper, launch_mla_decode, mla_decode_config, wgmma_fits  # noqa: E402
-from atom_kernels.triton.mla_kv_indices import mla_kv_indices  # noqa: E402
+from atom_kernels.triton.mla.cache import write_latent_cache  # noqa: E402
+from atom_kernels.triton.mla.common import e4m3_bits_as_f16  # noqa: E402
+from atom_kernels.triton.mla.decode import hopper, launch_mla_decode, mla_decode_config, wgmma_fits  # noqa: E402
+from atom_kernels.triton.mla.kv_indices import mla_kv_indices  # noqa: E402
 from tests.interpreter import run_under_interpreter  # noqa: E402
 
 F32, BF16, F16, FP8 = torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn
@@ -192,7 +192,7 @@ def test_decode_prefetch_and_f8_bits(block_h, block_n, warps, prefetch, f8_bits)
 @pytest.mark.parametrize("splits", [1, 3, 8])
 @pytest.mark.parametrize("heads", [16, 20, 32, 64, 100, 128])
 def test_hopper_decode_matches_reference(heads, splits, dtype, cache_dtype):
-    """Hopper's wgmma kernels (mla_hopper_few_heads up to 32 heads, mla_decode_hopper above): head groups with
+    """Hopper's wgmma kernels (mla.hopper_few_heads up to 32 heads, mla.decode_hopper above): head groups with
     masked heads (20, 100), empty splits, contexts that end inside a tile and inside a page, one-token contexts,
     long ones over many tiles; fp8 caches with a scale."""
     if not hopper(torch.device("cuda")):
@@ -249,7 +249,7 @@ def test_hopper_kernel_is_picked_where_it_fits():
         fits = wgmma_fits(q, cache, r, q.new_empty(32, heads, r))
         return mla_decode_config(32, heads, 4096, dev, dtype, cache_dtype, fits)
 
-    for heads in (8, 16, 32, 64, 128):  # mla_hopper_few_heads up to 32 heads, mla_decode_hopper above
+    for heads in (8, 16, 32, 64, 128):  # mla.hopper_few_heads up to 32 heads, mla.decode_hopper above
         assert picked(heads, BF16, BF16)["wgmma"]
         assert picked(heads, F16, F16)["wgmma"]
         assert picked(heads, BF16, FP8)["wgmma"]

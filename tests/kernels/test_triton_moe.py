@@ -14,7 +14,7 @@ pytest.importorskip("triton")
 
 from atom_kernels import reference as ref  # noqa: E402  (after the triton skip)
 from atom_kernels.triton.moe import fused_moe, moe_config  # noqa: E402
-from atom_kernels.triton.moe_align import max_blocks, moe_align  # noqa: E402
+from atom_kernels.triton.moe.align import max_blocks, moe_align  # noqa: E402
 from tests.interpreter import run_under_interpreter  # noqa: E402
 from tests.kernels.test_triton_attention import ids as dtype_ids  # noqa: E402
 

@@ -38,7 +38,7 @@ CASES = {
                                                              kv_lora_rank=20, qk_rope_head_dim=16, v_head_dim=24,
                                                              topk_method="group_limited_greedy", n_group=4,
                                                              topk_group=2)),
-    # 128 heads on the real latent (in bf16, test_bf16_...: the many-heads Hopper kernel, mla_decode_hopper)
+    # 128 heads on the real latent (in bf16, test_bf16_...: the many-heads Hopper kernel, mla.decode_hopper)
     "deepseek-v3-128-heads-512+64": ("DeepseekV3ForCausalLM", dict(hidden_size=128, num_attention_heads=128,
                                                                    num_key_value_heads=128, kv_lora_rank=512,
                                                                    qk_rope_head_dim=64)),
@@ -200,7 +200,7 @@ def margin_report(path, prompt, ref, got) -> tuple[str, bool]:
 @pytest.mark.parametrize("enforce_eager", [False, True], ids=["graphs", "eager"])
 @pytest.mark.parametrize("case", ["qwen3-hd128", "deepseek-v3-128-heads-512+64"])
 def test_bf16_first_16_tokens_match_hf_or_near_ties(checkpoint_factory, case, enforce_eager):
-    """DeepSeek with 128 heads and the real latent decodes through mla_decode_hopper's Gluon kernel on an H100."""
+    """DeepSeek with 128 heads and the real latent decodes through mla.decode_hopper's Gluon kernel on an H100."""
     arch, overrides = CASES[case]
     path = checkpoint_factory(arch, **overrides)
     prompts = random_prompts(LENGTHS, seed=13)

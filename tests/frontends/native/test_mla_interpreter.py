@@ -16,9 +16,9 @@ from tests.interpreter import run_under_interpreter
 
 pytest.importorskip("triton")
 
-KERNELS = {"write_latent_cache": "atom_kernels.triton.mla_cache:write_latent_cache",
+KERNELS = {"write_latent_cache": "atom_kernels.triton.mla.cache:write_latent_cache",
            "mla_attention": "atom_kernels.triton.mla:mla_attention",
-           "mla_kv_indices": "atom_kernels.triton.mla_kv_indices:mla_kv_indices"}
+           "mla_kv_indices": "atom_kernels.triton.mla.kv_indices:mla_kv_indices"}
 
 
 def run_scenarios(path: str, persistent: bool) -> None:

@@ -35,7 +35,7 @@ import triton.language as tl
 
 from atom_kernels.reference.attention import step_memo
 from atom_kernels.triton._utils import check, pdl, pdl_prologue, pow2
-from atom_kernels.triton.attention_common import attend_tile, load_block_ids, load_kv_tile
+from atom_kernels.triton.attention.common import attend_tile, load_block_ids, load_kv_tile
 
 
 # Not specialized: window (a compile-time 1 would turn the mask logic into Python bools), and what changes step

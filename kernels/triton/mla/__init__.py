@@ -1,8 +1,8 @@
 """mla_attention: absorbed MLA over a paged latent cache for a varlen batch of prefills and decodes.
 
 Same contract as atom_kernels.reference.mla.mla_attention. Sequences with one new token go to the split-KV
-decode kernel (mla_decode.py, pages from the step's MLA decode metadata), the others to the prefill kernel
-(mla_prefill.py, pages from the block table). The hints (max_query_len, max_seq_len, num_decodes,
+decode kernel (mla/decode.py, pages from the step's MLA decode metadata), the others to the prefill kernel
+(mla/prefill.py, pages from the block table). The hints (max_query_len, max_seq_len, num_decodes,
 num_prefills) only pick which kernels to launch and their tile/split sizes; grids come from tensor shapes,
 so nothing syncs with the device and a hint that is only an upper bound (CUDA-graph capture) stays correct.
 """
@@ -13,11 +13,11 @@ import torch
 
 from atom_kernels.reference.mla import mla_decode_metadata
 from atom_kernels.triton._utils import FLOAT_DTYPES, check, check_dtype, check_same_device
-from atom_kernels.triton.attention_common import softmax_scale, warm_up_batches
-from atom_kernels.triton.attention_decode import decode_order
-from atom_kernels.triton.mla_cache import check_cache_scale, check_latent_cache
-from atom_kernels.triton.mla_decode import launch_mla_decode, mla_decode_config, resident_programs, wgmma_fits
-from atom_kernels.triton.mla_prefill import launch_mla_prefill, mla_prefill_config
+from atom_kernels.triton.attention.common import softmax_scale, warm_up_batches
+from atom_kernels.triton.attention.decode import decode_order
+from atom_kernels.triton.mla.cache import check_cache_scale, check_latent_cache
+from atom_kernels.triton.mla.decode import launch_mla_decode, mla_decode_config, resident_programs, wgmma_fits
+from atom_kernels.triton.mla.prefill import launch_mla_prefill, mla_prefill_config
 
 
 def check_mla_args(query, cache, block_tables, seq_lens, query_start_loc, kv_lora_rank, cache_scale, out) -> None:

@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from atom_kernels.triton._utils import check, pdl, pdl_prologue, pow2
-from atom_kernels.triton.attention_common import attend_tile, load_block_ids, load_kv_tile
+from atom_kernels.triton.attention.common import attend_tile, load_block_ids, load_kv_tile
 
 
 @triton.jit

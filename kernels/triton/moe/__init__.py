@@ -1,8 +1,8 @@
 """fused_moe (Triton): the experts of a MoE layer as two grouped GEMMs over expert-aligned blocks of tokens
-(below: from a few tokens per expert to prefill; fewer pairs than half the experts go to moe_gemv.py).
+(below: from a few tokens per expert to prefill; fewer pairs than half the experts go to moe/gemv.py).
 
 Same contract and arithmetic as the torch reference (atom_kernels.reference.moe.fused_moe):
-  1. moe_align groups the (token, k) pairs by expert into BLOCK_M-row blocks (moe_align.py), on the GPU;
+  1. moe_align groups the (token, k) pairs by expert into BLOCK_M-row blocks (moe/align.py), on the GPU;
   2. gate/up GEMM: each program multiplies one block's gathered token rows by BLOCK_N gate columns and the
      same BLOCK_N up columns of its expert's w13 (two fp32 accumulators), then applies SiLU-and-mul and
      stores act [pairs, I] (rounded like the reference: gate, up, silu(gate), product each to the dtype);
@@ -36,8 +36,8 @@ from atom_kernels.triton._utils import (
     pdl_prologue,
     powers_of_two_up_to,
 )
-from atom_kernels.triton.moe_align import max_blocks, moe_align
-from atom_kernels.triton.moe_gemv import fused_moe_gemv
+from atom_kernels.triton.moe.align import max_blocks, moe_align
+from atom_kernels.triton.moe.gemv import fused_moe_gemv
 
 # Up to this many tokens moe_config's tiles and moe_align's chunk change on joint bounds: warmed one count at a time.
 _DENSE_WARM_UP_TOKENS = 512
@@ -55,7 +55,7 @@ def warm_up_shapes(max_tokens: int) -> list[int]:
 
 def moe_config(num_tokens: int, top_k: int, num_experts: int, dtype: torch.dtype) -> dict:
     """Kernels and tiles from the average rows per expert (known from shapes alone, so graph-safe).
-    At most one pair per two experts (decode): the GEMV kernels (moe_gemv.py), no grouping; BLOCK_N rows of
+    At most one pair per two experts (decode): the GEMV kernels (moe/gemv.py), no grouping; BLOCK_N rows of
     BLOCK_K-wide tiles per program, narrow so even one pair spreads over every SM.
     Few rows: every expert touched is one mostly-padded block and the GEMMs stream weights, so the
     tiles are narrow in N (many programs, several per SM, deep pipelines keep bytes in flight). Many rows

@@ -4,10 +4,10 @@ with the operands swapped, split-KV as mla_decode.
 wgmma's M is at least 64, so with few heads the heads go on N and the latent rows on M:
   S^T [64 rows, H] = c · q_nope^T + k_pe · q_pe^T   (A: the latent tile, K-major; B: the query),
   O^T [512, H]     = alpha * O^T + c^T · P^T        (A: the same tile read transposed; B: P^T),
-so no tensor-core work is spent on padding heads (mla_decode_hopper's kernel takes 64 heads a program). The online
+so no tensor-core work is spent on padding heads (mla.decode_hopper's kernel takes 64 heads a program). The online
 softmax then runs down the columns of S^T (across the warpgroup's warps).
 
-Two warpgroups (gl.warp_specialize), talking through mbarriers (as mla_decode_hopper; its barrier words):
+Two warpgroups (gl.warp_specialize), talking through mbarriers (as mla.decode_hopper; its barrier words):
   - the load warpgroup (the default partition): the cp.async ring of latent tiles (page ids one tile ahead; an
     fp8 ring of RING_FP8 36 KB tiles) and, for fp8 (e4m3) caches, the upcast of each tile into the one fp16 tile
     the dots read (exact; the query is pre-scaled into fp16, as mla_decode's DOT_F16), once the dots are done
@@ -37,7 +37,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from atom_kernels.triton.mla_decode_hopper import (
+from atom_kernels.triton.mla.decode_hopper import (
     decode_rows,
     gluon_pdl_prologue,
     launch_gluon_decode,
@@ -45,7 +45,7 @@ from atom_kernels.triton.mla_decode_hopper import (
     output_rows,
     tile_buffers,
 )
-from atom_kernels.triton.mla_hopper_partitions import (
+from atom_kernels.triton.mla.hopper_partitions import (
     issue_next,
     page_ids,
     ring_slot,
@@ -71,7 +71,7 @@ def _mla_decode_few_heads_kernel(
     ROPE: gl.constexpr, HAS_SCALE: gl.constexpr, SPLIT: gl.constexpr, DOT_REGS: gl.constexpr, PDL: gl.constexpr,
 ):
     CONVERT: gl.constexpr = cache_ptr.dtype.element_ty != q_ptr.dtype.element_ty  # fp8 cache: tiles upcast
-    dtype: gl.constexpr = gl.float16 if CONVERT else q_ptr.dtype.element_ty  # the dots' (mla_decode_hopper's)
+    dtype: gl.constexpr = gl.float16 if CONVERT else q_ptr.dtype.element_ty  # the dots' (mla.decode_hopper's)
     gluon_pdl_prologue(PDL)
     hg = gl.program_id(0)
     split = gl.program_id(1)
@@ -165,7 +165,7 @@ def _dot_partition(q_smem, qpe_smem, conv, conv_pe, pt_smem, ready, free, n_tile
 def launch_mla_decode_few_heads(query, cache, kv_indptr, kv_indices, seq_lens, query_start_loc, qk_scale,
                                 kv_lora_rank, cache_scale, out, po, plse, num_splits, ordered: tuple,
                                 launch: dict) -> None:
-    """As mla_decode_hopper.launch_mla_decode_wgmma (same arguments and contract), for at most MAX_HEADS heads."""
+    """As mla.decode_hopper.launch_mla_decode_wgmma (same arguments and contract), for at most MAX_HEADS heads."""
     block_h = 16 if query.shape[1] <= 16 else MAX_HEADS
     ring = RING_FP8 if cache.dtype.itemsize == 1 else RING_16
     launch_gluon_decode(_mla_decode_few_heads_kernel, block_h, [BLOCK_N, block_h], ring, query, cache, kv_indptr,

@@ -43,15 +43,15 @@ import triton
 import triton.language as tl
 
 from atom_kernels.triton._utils import check, pdl, pdl_prologue, pow2
-from atom_kernels.triton.attention_common import load_block_ids
-from atom_kernels.triton.attention_decode import _merge_kernel, check_grid_seqs, num_sms, order_args, pick_splits
-from atom_kernels.triton.mla_common import attend_latent, load_latent_tile, load_query
+from atom_kernels.triton.attention.common import load_block_ids
+from atom_kernels.triton.attention.decode import _merge_kernel, check_grid_seqs, num_sms, order_args, pick_splits
+from atom_kernels.triton.mla.common import attend_latent, load_latent_tile, load_query
 
 try:
-    from atom_kernels.triton.mla_decode_hopper import SUPPORTED as GLUON_HOPPER
-    from atom_kernels.triton.mla_decode_hopper import launch_mla_decode_wgmma, wgmma_fits
-    from atom_kernels.triton.mla_hopper_few_heads import MAX_HEADS as FEW_HEADS
-    from atom_kernels.triton.mla_hopper_few_heads import launch_mla_decode_few_heads
+    from atom_kernels.triton.mla.decode_hopper import SUPPORTED as GLUON_HOPPER
+    from atom_kernels.triton.mla.decode_hopper import launch_mla_decode_wgmma, wgmma_fits
+    from atom_kernels.triton.mla.hopper_few_heads import MAX_HEADS as FEW_HEADS
+    from atom_kernels.triton.mla.hopper_few_heads import launch_mla_decode_few_heads
 except (ImportError, AttributeError):  # a triton without Gluon (or another Gluon API): the Triton kernel
     GLUON_HOPPER = False
 
@@ -144,7 +144,7 @@ def _mla_decode_kernel(
 # Programs per SM the split count aims for (attention_decode measured 2 to saturate HBM with its kernel).
 PROGRAMS_PER_SM = 2
 MAX_HEADS_PER_PROGRAM = 64  # [64, 512] float32 accumulator: 128 registers a thread at 8 warps
-WGMMA_SMEM = 229900  # bytes of shared memory mla_decode_hopper's kernel takes (its compiled metadata, sm_90)
+WGMMA_SMEM = 229900  # bytes of shared memory mla.decode_hopper's kernel takes (its compiled metadata, sm_90)
 
 
 def mla_decode_config(num_seqs: int, num_heads: int, max_seq_len: int, device, query_dtype, cache_dtype,
@@ -152,8 +152,8 @@ def mla_decode_config(num_seqs: int, num_heads: int, max_seq_len: int, device, q
     """Heads per program, tile, warps, stages, split count and the fp8 options (sweep: benchmarks/mla_decode.py
     --sweep). cache_dtype: the latent cache's. wgmma_shapes: the arguments fit Hopper's kernels (wgmma_fits);
     decided here once, since the split count depends on the kernel (one wgmma program an SM). Where they fit they
-    take every head count (faster than this module's kernel at each): mla_hopper_few_heads up to 32 heads,
-    mla_decode_hopper above.
+    take every head count (faster than this module's kernel at each): mla.hopper_few_heads up to 32 heads,
+    mla.decode_hopper above.
 
     float32 queries (parity tests) take 16 heads and 16-row tiles: IEEE fp32 dots need twice the registers.
     16-bit queries, the fastest configs of the sweep (docs/kernels/mla.md has its timings): up to 16 heads, 32-row
@@ -190,7 +190,7 @@ def resident_programs(wgmma: bool, device) -> int:
 
 @functools.cache
 def hopper(device: torch.device) -> bool:
-    """sm_90 with room for the wgmma kernels' shared memory (mla_decode_hopper's ~225 KB, the most; wgmma is
+    """sm_90 with room for the wgmma kernels' shared memory (mla.decode_hopper's ~225 KB, the most; wgmma is
     Hopper's alone)."""
     return (GLUON_HOPPER and device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
             and shared_memory(device) >= WGMMA_SMEM)
@@ -211,7 +211,7 @@ def launch_mla_decode(query, cache, kv_indptr, kv_indices, seq_lens, query_start
 
     prefetch: the next latent tile loaded into registers ahead of the dots (any cache dtype); f8_bits: the
     integer e4m3 -> fp16 upcast (fp8 caches only, ignored for others). See the module docstring. wgmma: Hopper's
-    kernels where they fit the arguments, by head count (mla_hopper_few_heads up to 32 heads, mla_decode_hopper
+    kernels where they fit the arguments, by head count (mla.hopper_few_heads up to 32 heads, mla.decode_hopper
     above; the tile settings are theirs); mla_decode_config says when. order: attention_decode.decode_order's
     permutation (None: batch order).
     """
@@ -229,7 +229,7 @@ def launch_mla_decode(query, cache, kv_indptr, kv_indices, seq_lens, query_start
     ordered = order_args(order, seq_lens)
     if wgmma:
         check(wgmma_fits(query, cache, kv_lora_rank, out), "wgmma=True for arguments the wgmma kernels do not take "
-              "(see mla_decode_hopper.wgmma_fits); let mla_decode_config decide")
+              "(see mla.decode_hopper.wgmma_fits); let mla_decode_config decide")
         kernel = launch_mla_decode_few_heads if heads <= FEW_HEADS else launch_mla_decode_wgmma
         kernel(query, cache, kv_indptr, kv_indices, seq_lens, query_start_loc, qk_scale, kv_lora_rank, cache_scale,
                out, po, plse, num_splits, ordered, launch)

@@ -15,9 +15,9 @@ import triton
 import triton.language as tl
 
 from atom_kernels.triton._utils import pdl, pdl_prologue, pow2
-from atom_kernels.triton.attention_common import load_block_ids
-from atom_kernels.triton.attention_prefill import _find_seq
-from atom_kernels.triton.mla_common import attend_latent, load_latent_tile, load_query
+from atom_kernels.triton.attention.common import load_block_ids
+from atom_kernels.triton.attention.prefill import _find_seq
+from atom_kernels.triton.mla.common import attend_latent, load_latent_tile, load_query
 
 
 @triton.jit(do_not_specialize=["num_seqs", "s_bt", "qsl_ptr", "seq_lens_ptr", "bt_ptr"])  # as _prefill_kernel

@@ -1,7 +1,7 @@
 """fused_moe for a few tokens (decode): each (token, k) pair's expert as two GEMVs, no alignment pass.
 
 When tokens * top_k is small next to the number of experts (Qwen3-30B-A3B at batch 1: 8 pairs, 128 experts),
-almost every pair has an expert of its own: grouping pairs into BLOCK_M-row blocks (moe_align.py) buys no
+almost every pair has an expert of its own: grouping pairs into BLOCK_M-row blocks (moe/align.py) buys no
 weight reuse, costs a launch, and pads every block to >= 16 rows. Here no grouping:
   1. gate/up: grid (pairs, cdiv(I, BLOCK_N)); a program streams BLOCK_N gate rows and the same up rows of its
      pair's expert against the token's row (CUDA-core FMAs in fp32: one row gives no tensor-core tile) and

@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 
 from atom_kernels.triton._utils import FLOAT_DTYPES, check, check_dtype, check_same_device, has_scales
-from atom_kernels.triton.attention_common import softmax_scale, warm_up_batches
-from atom_kernels.triton.attention_decode import decode_config, decode_order, decode_slots, launch_decode
-from atom_kernels.triton.attention_prefill import launch_prefill, prefill_config
+from atom_kernels.triton.attention.common import softmax_scale, warm_up_batches
+from atom_kernels.triton.attention.decode import decode_config, decode_order, decode_slots, launch_decode
+from atom_kernels.triton.attention.prefill import launch_prefill, prefill_config
 from atom_kernels.triton.kv_cache import check_caches
 
 

@@ -1,4 +1,4 @@
-"""The two warpgroups of mla_decode_hopper's warp-specialised MLA decode kernel (see its docstring), and the
+"""The two warpgroups of mla.decode_hopper's warp-specialised MLA decode kernel (see its docstring), and the
 mbarrier protocol between them.
 
 Barriers (phases count tiles; each is waited on by one warpgroup and arrived on by the other):

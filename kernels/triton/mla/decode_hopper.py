@@ -16,7 +16,7 @@ N = 32 halves, so each step reads less shared memory for the same flops. The rin
 because the query takes 72 KB next to them. Timings, and the schedules that lost (lock-step warpgroups,
 FlashMLA's seesaw, FA3-style 32-row tiles): docs/kernels/mla.md.
 
-The partitions and their barriers: mla_hopper_partitions.
+The partitions and their barriers: mla.hopper_partitions.
 
 An fp8 (e4m3) cache: the ring holds e4m3 tiles (half the bytes); the load warpgroup upcasts each into one fp16
 tile buffer (exact: fp16 holds e4m3; one conversion instruction per two values, bf16 would take more) when the
@@ -26,7 +26,7 @@ issued as soon as the slot is upcast, so the e4m3 ring runs a tile ahead of the 
 room for two converted tiles next to the query: ~225 KB of shared memory either way.)
 
 Scope (mla_decode_config picks this kernel only there): CUDA sm_90, 16-bit query, cache of the query's dtype or
-e4m3, kv_lora_rank 512 and rope 64 (DeepSeek-V2/V3), more than 32 heads (up to 32: mla_hopper_few_heads). Everything
+e4m3, kv_lora_rank 512 and rope 64 (DeepSeek-V2/V3), more than 32 heads (up to 32: mla.hopper_few_heads). Everything
 else, and any GPU without ~225 KB of shared memory a block, takes mla_decode's Triton kernel.
 """
 
@@ -42,7 +42,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from atom_kernels.triton._utils import FP8_DTYPES
-from atom_kernels.triton.mla_hopper_partitions import LOAD_THREADS, load_partition, row_layout, softmax_partition
+from atom_kernels.triton.mla.hopper_partitions import LOAD_THREADS, load_partition, row_layout, softmax_partition
 
 BLOCK_H, BLOCK_N, WARPS = 64, 64, 4  # WARPS: one warpgroup a partition (8 warps in all)
 RING = 2  # latent tiles the cp.async ring holds
@@ -109,7 +109,7 @@ def tile_buffers(q, q_pe, cache_ptr, q_sl: gl.constexpr, qpe_sl: gl.constexpr, k
                  BLOCK_N: gl.constexpr):
     """Shared memory: the query (in the dots' dtype), the ring of RING latent tiles (the cache's dtype), the
     tiles the dots read (for an fp8 cache one tile in the dots' dtype, the upcasts' target, else the ring), and the
-    ring's barriers ready / free (mla_hopper_partitions' words; ready counts each load thread's cp.async arrival
+    ring's barriers ready / free (mla.hopper_partitions' words; ready counts each load thread's cp.async arrival
     for 16-bit caches, one upcast arrival for fp8), initialised (the caller fences after its own)."""
     BLOCK_H: gl.constexpr = q.shape[0]
     R: gl.constexpr = q.shape[1]
