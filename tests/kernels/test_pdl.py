@@ -24,12 +24,13 @@ MEMORY_OPS = re.compile(r"\b[tg]l\.(load|store|atomic_\w+)\(|\b(load|store)_\w+\
 def launched_kernels() -> list[tuple[str, JITFunction]]:
     """(module.name, kernel) for every @triton.jit function some module of atom_kernels.triton launches (name[grid])."""
     found = []
-    for info in pkgutil.iter_modules(triton_pkg.__path__):
-        module = importlib.import_module(f"{triton_pkg.__name__}.{info.name}")
+    prefix = triton_pkg.__name__ + "."
+    for info in pkgutil.walk_packages(triton_pkg.__path__, prefix):  # the op families' subpackages too
+        module = importlib.import_module(info.name)
         source = inspect.getsource(module)
         for name, fn in vars(module).items():
             if isinstance(fn, JITFunction) and fn.__module__ == module.__name__ and f"{name}[" in source:
-                found.append((f"{info.name}.{name}", fn))
+                found.append((f"{info.name.removeprefix(prefix)}.{name}", fn))
     return found
 
 
