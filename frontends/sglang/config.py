@@ -77,13 +77,14 @@ def extend_token_budget(server_args: Any, context_len: int) -> int:
 
 def translate_config(c: SGLangModelConfig) -> AtomConfig:
     sa = c.server_args
-    kv_dtype = checkpoint_precision(c.hf_config, c.dtype, getattr(sa, "kv_cache_dtype", None),
-                                    host_quantization=c.quant_config, model=str(getattr(sa, "model_path", None)),
-                                    fallback=_FALLBACK)
+    precision = checkpoint_precision(c.hf_config, c.dtype, getattr(sa, "kv_cache_dtype", None),
+                                     host_quantization=c.quant_config, model=str(getattr(sa, "model_path", None)),
+                                     fallback=_FALLBACK)
     max_model_len = _max_model_len(c)
     fields: dict[str, Any] = dict(
         hf_config=c.hf_config, model_path=getattr(sa, "model_path", None), dtype=c.dtype,
-        max_model_len=max_model_len, block_size=SGLANG_BLOCK_SIZE, kv_cache_dtype=kv_dtype,
+        max_model_len=max_model_len, block_size=SGLANG_BLOCK_SIZE, kv_cache_dtype=precision.kv_cache_dtype,
+        quantization=precision.quantization,
         tensor_parallel_size=getattr(sa, "tp_size", None) or 1,
         pipeline_parallel_size=getattr(sa, "pp_size", None) or 1,
         enforce_eager=bool(getattr(sa, "disable_cuda_graph", False)),
