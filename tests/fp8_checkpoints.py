@@ -144,3 +144,28 @@ def _patched(owner, attr: str, value):
         yield
     finally:
         setattr(owner, attr, saved)
+
+
+# (architecture, base checkpoint overrides) of the FP8 test models: hidden 256 (two 128-blocks), an intermediate
+# size of 320 (a partial block at the end of gate|up's rows and of down's columns), 64-row k/v shards (a block cut
+# by the fused q|k|v shard edges)
+QWEN3 = ("Qwen3ForCausalLM", dict(hidden_size=256, intermediate_size=320, num_attention_heads=4,
+                                  num_key_value_heads=2, head_dim=64, tie_word_embeddings=False))
+QWEN3_MOE = ("Qwen3MoeForCausalLM", dict(hidden_size=256, intermediate_size=320, moe_intermediate_size=128,
+                                         num_attention_heads=4, num_key_value_heads=2, head_dim=64))
+DEEPSEEK_V3 = ("DeepseekV3ForCausalLM", dict(hidden_size=256, intermediate_size=320, moe_intermediate_size=128,
+                                             q_lora_rank=128, kv_lora_rank=128, qk_nope_head_dim=32,
+                                             qk_rope_head_dim=16, v_head_dim=32))
+_greedy: dict[tuple, list[list[int]]] = {}
+
+
+def oracle_greedy(dequantized: Path, fmt: str, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """transformers' greedy tokens (float32, dequantized weights, activation quantization simulated), checked to
+    vary with the context (hf_oracle.informative_greedy); cached per arguments."""
+    from tests.frontends.native.hf_oracle import hf_model, informative_greedy
+
+    key = (str(dequantized), fmt, tuple(map(tuple, prompts)), max_new_tokens)
+    if key not in _greedy:
+        model = simulate_activation_quantization(hf_model(dequantized), fmt)
+        _greedy[key] = informative_greedy(model, prompts, max_new_tokens, dequantized)
+    return [list(o) for o in _greedy[key]]
