@@ -54,8 +54,8 @@ def checkpoint_factory(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def fp8_checkpoint(checkpoint_factory, tmp_path_factory):
-    """make((arch, overrides), fmt, mtp=False) → (FP8 checkpoint, its dequantized float32 twin): tests/fp8_checkpoints.py
-    (cached per arguments)."""
+    """make((arch, overrides), fmt, mtp=False) → (FP8 checkpoint, its dequantized float32 twin):
+    tests/fp8_checkpoints.py (cached per arguments)."""
     from tests.fp8_checkpoints import write_fp8
 
     cache: dict = {}

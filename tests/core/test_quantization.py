@@ -1,4 +1,5 @@
-"""checkpoint_precision: the one place a checkpoint's quantization and the KV-cache dtype are decided; the scales' layout."""
+"""checkpoint_precision: the one place a checkpoint's quantization and the KV-cache dtype are decided; the layout of
+FP8 scales in the layers."""
 
 from __future__ import annotations
 
@@ -87,7 +88,8 @@ def test_scales_in_the_layers_layout():
 
     block = torch.tensor([[1.0, 2.0], [3.0, 4.0]])  # a [200, 256] weight's 128x128 blocks
     rows = expand_scale(block, 200, 2, (128, 128), "w")
-    assert rows.shape == (200, 2) and rows[127].tolist() == [1, 2] and rows[128].tolist() == rows[199].tolist() == [3, 4]
+    assert rows.shape == (200, 2) and rows[127].tolist() == [1, 2]
+    assert rows[128].tolist() == rows[199].tolist() == [3, 4]
     assert expand_scale(torch.tensor([[0.5], [0.25]]), 2, 3, None, "w").tolist() == [[0.5] * 3, [0.25] * 3]
     assert expand_scale(torch.tensor(0.5), 2, 1, None, "w").tolist() == [[0.5], [0.5]]
     with pytest.raises(ValueError, match=r"scale shape mismatch for w: checkpoint \(3, 2\)"):

@@ -54,11 +54,10 @@ def _worker(rank, world, path, port, queue):
     from atom_core.forward_context import set_forward_context
     from atom_core.layers.attention import metadata_builder_of
     from atom_core.loader import load_hf_config, load_model
+    from atom_core.quantization import checkpoint_precision
     from atom_frontends.native.request import Request
     from atom_frontends.native.sampling_params import SamplingParams
     from atom_frontends.native.scheduler import Scheduled
-
-    from atom_core.quantization import checkpoint_precision
 
     plugins.get_plugin_manager().register(_GlooHost(), name="tp-test")
     hf_config = load_hf_config(path)
