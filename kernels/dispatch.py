@@ -67,6 +67,7 @@ _TRITON = {
     "rms_norm_linear": "fused_linear:rms_norm_linear",
     "silu_and_mul_linear": "fused_linear:silu_and_mul_linear",
     "sample_tokens": "sampling:sample_tokens",
+    "fp8_linear": "fp8_linear:fp8_linear",  # the fp8 block format; other schemes run the reference inside
 }
 # The CPU kernels (atom_kernels/cpu/<module>.py), for the ops where fewer torch calls than the reference pay.
 _CPU = {
