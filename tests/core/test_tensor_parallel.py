@@ -132,5 +132,6 @@ def test_tp2_fp8_logits_match_transformers(fp8_checkpoint):
                                        "block")
     got = _tp2_logits(path)
     want = _hf_logits(simulate_activation_quantization(hf_model(dequantized), "block"))
-    # (an activation on an fp8 rounding boundary may round the other way after another summation order)
-    torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-2)
+    # An activation on an fp8 rounding boundary may round the other way after another summation order (the partial
+    # sums of two ranks, transformers 4.x's MoE): ~0.03 on a logit; an ignored or misplaced scale moves them by ~1.
+    torch.testing.assert_close(got, want, rtol=1e-2, atol=5e-2)

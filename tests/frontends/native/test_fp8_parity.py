@@ -1,5 +1,7 @@
 """FP8 checkpoints on the native engine: greedy tokens == transformers in float32 on the dequantized weights with
-the checkpoint's activation quantization simulated (tests/fp8_checkpoints.py).
+the checkpoint's activation quantization simulated (tests/fp8_checkpoints.py); a first divergence is allowed only
+where the oracle's own top-2 logits are within NEAR_TIE (the simulated 3-bit-mantissa roundings amplify a one-ulp
+summation-order difference: transformers 4.x's DeepSeek MoE flips one such token, 5.x matches exactly).
 
 Cases: Qwen3 in the fp8 block format (partial blocks, block-cut q|k|v shards), compressed-tensors per-channel with
 dynamic per-token and with static per-tensor activations; Qwen3-MoE and a DeepSeek-V3-shaped model (MLA + MoE +
@@ -16,7 +18,7 @@ from atom_core.layers import fp8
 from atom_frontends.native import LLM, SamplingParams
 from atom_kernels import dispatch
 from atom_kernels.reference.fp8 import fp8_linear
-from tests.fp8_checkpoints import DEEPSEEK_V3, QWEN3, QWEN3_MOE, oracle_greedy
+from tests.fp8_checkpoints import DEEPSEEK_V3, QWEN3, QWEN3_MOE, parity_failures
 from tests.frontends.native.hf_oracle import random_prompts
 
 NEW_TOKENS = 12
@@ -30,19 +32,18 @@ CASES = {
 }
 
 
-def parity(fp8_checkpoint, case: str) -> tuple[list[list[int]], list[list[int]]]:
-    """(our greedy tokens, the oracle's) for CASES[case]."""
+def parity(fp8_checkpoint, case: str) -> list[tuple[int, int, float]]:
+    """Our greedy tokens' divergences from the oracle's beyond near-ties (parity_failures) for CASES[case]."""
     checkpoint, fmt, mtp = CASES[case]
     path, dequantized = fp8_checkpoint(checkpoint, fmt, mtp)
     llm = LLM(str(path), dtype="float32", block_size=8)
     outs = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS), use_tqdm=False)
-    return [o.outputs[0].token_ids for o in outs], oracle_greedy(dequantized, fmt, PROMPTS, NEW_TOKENS)
+    return parity_failures(dequantized, fmt, PROMPTS, [o.outputs[0].token_ids for o in outs], NEW_TOKENS)
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_fp8_greedy_matches_transformers(fp8_checkpoint, case):
-    ours, want = parity(fp8_checkpoint, case)
-    assert ours == want
+    assert not parity(fp8_checkpoint, case)
 
 
 def test_weights_stay_fp8(fp8_checkpoint):
@@ -81,11 +82,11 @@ def test_fp8_parity_catches_broken_scales(fp8_checkpoint, monkeypatch, break_):
     if break_ == "unquantized_activations":
         previous = dispatch.register("fp8_linear", "torch", f"{__name__}:unquantized_activations")
         try:
-            ours, want = parity(fp8_checkpoint, "qwen3-block")
+            failures = parity(fp8_checkpoint, "qwen3-block")
         finally:
             dispatch.register("fp8_linear", "torch", previous)
     else:
         monkeypatch.setattr(fp8, "expand_scale", {"ignore_scales": _ignore_scales,
                                                   "shift_blocks": _shift_blocks}[break_])
-        ours, want = parity(fp8_checkpoint, "qwen3-block")
-    assert ours != want, f"the FP8 parity check still passes with {break_}"
+        failures = parity(fp8_checkpoint, "qwen3-block")
+    assert failures, f"the FP8 parity check still passes with {break_}"

