@@ -4,9 +4,11 @@ where the oracle's own top-2 logits are within NEAR_TIE (the simulated 3-bit-man
 summation-order difference: transformers 4.x's DeepSeek MoE flips one such token, 5.x matches exactly).
 
 Cases: Qwen3 in the fp8 block format (partial blocks, block-cut q|k|v shards), compressed-tensors per-channel with
-dynamic per-token and with static per-tensor activations; Qwen3-MoE and a DeepSeek-V3-shaped model (MLA + MoE +
-shared expert, with its MTP layer as released) in the block format. The canary: a scale ignored, a block of scales
-mis-indexed, or the activations left unquantized, and the parity fails.
+static per-tensor activations (per-channel with dynamic per-token ones: the vLLM test's Qwen3-MoE); Qwen3-MoE and a
+DeepSeek-V3-shaped model (MLA + MoE + shared expert, with its MTP layer as released) in the block format. Under
+transformers 4.x (the minimum-version session) only the MoE cases run: the dense layers' modules are the same there.
+The canary: a scale ignored, a block of scales mis-indexed, or the activations left unquantized, and the parity
+fails.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ NEW_TOKENS = 12
 PROMPTS = random_prompts([5, 17, 9])
 CASES = {
     "qwen3-block": (QWEN3, "block", False),
-    "qwen3-channel-dynamic": (QWEN3, "channel", False),
     "qwen3-channel-static": (QWEN3, "static", False),
     "qwen3-moe-block": (QWEN3_MOE, "block", False),
     "deepseek-v3-block-mtp": (DEEPSEEK_V3, "block", True),
@@ -43,6 +44,10 @@ def parity(fp8_checkpoint, case: str) -> list[tuple[int, int, float]]:
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_fp8_greedy_matches_transformers(fp8_checkpoint, case):
+    import transformers
+
+    if int(transformers.__version__.split(".")[0]) < 5 and "moe" not in case and "deepseek" not in case:
+        pytest.skip("transformers 4.x: the MoE cases only (CI time); its dense modules are 5.x's")
     assert not parity(fp8_checkpoint, case)
 
 
