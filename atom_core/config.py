@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from atom_core.quantization import Fp8Scheme
 from atom_kernels import envs
 
 _DTYPES = {
@@ -32,8 +33,8 @@ def parse_dtype(dtype: str | torch.dtype | None, hf_config: Any = None) -> torch
 
 @dataclass
 class AtomConfig:
-    """Built by each host's `atom_translate_config` answer from the host's own config objects (kv_cache_dtype as
-    atom_core.quantization.checkpoint_precision resolved it)."""
+    """Built by each host's `atom_translate_config` answer from the host's own config objects (kv_cache_dtype and
+    quantization as atom_core.quantization.checkpoint_precision resolved them)."""
 
     hf_config: Any  # transformers.PretrainedConfig
     model_path: str | None = None
@@ -41,6 +42,7 @@ class AtomConfig:
     max_model_len: int = 2048
     block_size: int = 16
     kv_cache_dtype: str = "auto"
+    quantization: Fp8Scheme | None = None  # the checkpoint's weight quantization (checkpoint_precision's answer)
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     max_num_seqs: int = 256

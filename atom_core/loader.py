@@ -13,6 +13,7 @@ import torch
 from safetensors import safe_open
 
 from atom_core.config import AtomConfig
+from atom_core.layers.fp8 import quantize_model
 from atom_core.models.registry import get_model_class
 from atom_core.platform import Platform
 from atom_core.plugins import current_host, current_platform, hook
@@ -81,13 +82,15 @@ def build_model(host_config: Any, *, architecture: str | None = None, prefix: st
 def instantiate(config: AtomConfig, device: torch.device, architecture: str | None = None,
                 prefix: str = "") -> torch.nn.Module:
     """Instantiate the registered class for `architecture` (default: the checkpoint's), weights
-    uninitialised, in config.dtype on `device`."""
+    uninitialised, in config.dtype on `device` (fp8 where config.quantization says the checkpoint is)."""
     cls = get_model_class(architecture or config.architecture)
     prev = torch.get_default_dtype()
     torch.set_default_dtype(config.dtype)
     try:
         with torch.device(device):
-            return cls(config, prefix=prefix).eval()
+            model = cls(config, prefix=prefix).eval()
+            quantize_model(model, config.quantization, getattr(model, "packed_modules_mapping", {}))
+            return model
     finally:
         torch.set_default_dtype(prev)
 

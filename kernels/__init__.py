@@ -86,6 +86,18 @@ def silu_and_mul_linear(x, weight, bias=None, packed=None):
     return dispatch.get("silu_and_mul_linear", x.device)(x, weight, bias, packed)
 
 
+def fp8_quantize(x, group, input_scale=None):
+    """x [..., K] → (float8_e4m3fn [..., K], float32 scales [..., ceil(K / group)]) per token and group of `group`
+    columns; with input_scale ([1]): that static scale. See atom_kernels.reference.fp8."""
+    return dispatch.get("fp8_quantize", x.device)(x, group, input_scale)
+
+
+def fp8_linear(x, weight, weight_scale, block_k, act_group, input_scale=None, bias=None):
+    """x [..., K] @ dequantized weight [N, K] (float8_e4m3fn, scales [N, ceil(K / block_k)])^T (+ bias) → [..., N],
+    the activation quantized per token group of act_group columns (0: not at all) or with the static input_scale."""
+    return dispatch.get("fp8_linear", x.device)(x, weight, weight_scale, block_k, act_group, input_scale, bias)
+
+
 def sample_tokens(logits, temperature, seeds):
     """One token per row of logits [N, V]: argmax where temperature [N] float32 is 0, else a draw from
     softmax(logits / t) by Gumbel-max with Philox noise keyed by seeds [N] int64 → [N] int64. No device sync."""
@@ -107,6 +119,11 @@ def silu_and_mul(x):
     return dispatch.get("silu_and_mul", x.device)(x)
 
 
+def _fp8_fused_moe(hidden, w13, w2, w13_scale, w2_scale, topk_weights, topk_ids, block_k, act_group):
+    return dispatch.get("fp8_fused_moe", hidden.device)(hidden, w13, w2, w13_scale, w2_scale, topk_weights,
+                                                        topk_ids, block_k, act_group)
+
+
 def _fused_moe(hidden, w13, w2, topk_weights, topk_ids):
     return dispatch.get("fused_moe", hidden.device)(hidden, w13, w2, topk_weights, topk_ids)
 
@@ -120,7 +137,11 @@ if __name__ == "atom_kernels":
     _LIB = torch.library.Library("atom_kernels", "FRAGMENT")
     _LIB.define("fused_moe(Tensor hidden, Tensor w13, Tensor w2, Tensor topk_weights, Tensor topk_ids) -> Tensor")
     _LIB.impl("fused_moe", _fused_moe, "CompositeExplicitAutograd")
-    torch.library.register_fake("atom_kernels::fused_moe", lambda hidden, *args: torch.empty_like(hidden), lib=_LIB)
+    _LIB.define("fp8_fused_moe(Tensor hidden, Tensor w13, Tensor w2, Tensor w13_scale, Tensor w2_scale, "
+                "Tensor topk_weights, Tensor topk_ids, int block_k, int act_group) -> Tensor")
+    _LIB.impl("fp8_fused_moe", _fp8_fused_moe, "CompositeExplicitAutograd")
+    for _op in ("fused_moe", "fp8_fused_moe"):
+        torch.library.register_fake(f"atom_kernels::{_op}", lambda hidden, *args: torch.empty_like(hidden), lib=_LIB)
 
 
 def fused_moe(hidden, w13, w2, topk_weights, topk_ids):
@@ -129,8 +150,15 @@ def fused_moe(hidden, w13, w2, topk_weights, topk_ids):
     return torch.ops.atom_kernels.fused_moe(hidden, w13, w2, topk_weights, topk_ids)
 
 
+def fp8_fused_moe(hidden, w13, w2, w13_scale, w2_scale, topk_weights, topk_ids, block_k, act_group):
+    """fused_moe on float8_e4m3fn experts: w13 [E, 2I, H] / w2 [E, H, I] with scales [E, 2I, ceil(H / block_k)] /
+    [E, H, ceil(I / block_k)], each GEMM's input quantized per token group of act_group columns (0: not at all)."""
+    return torch.ops.atom_kernels.fp8_fused_moe(hidden, w13, w2, w13_scale, w2_scale, topk_weights, topk_ids,
+                                                block_k, act_group)
+
+
 __all__ = [
     "dispatch", "write_kv_cache", "paged_attention", "fused_qk_norm_rope_write_kv", "rms_norm", "rotary",
     "silu_and_mul", "fused_moe", "write_latent_cache", "mla_attention", "mla_kv_indices", "linear", "pack_linear",
-    "rms_norm_linear", "silu_and_mul_linear", "sample_tokens",
+    "rms_norm_linear", "silu_and_mul_linear", "sample_tokens", "fp8_quantize", "fp8_linear", "fp8_fused_moe",
 ]

@@ -36,7 +36,7 @@ from atom_kernels import envs
 OPS = (
     "write_kv_cache", "paged_attention", "fused_qk_norm_rope_write_kv", "rms_norm", "rotary", "silu_and_mul",
     "fused_moe", "write_latent_cache", "mla_attention", "mla_kv_indices", "linear", "pack_linear",
-    "rms_norm_linear", "silu_and_mul_linear", "sample_tokens",
+    "rms_norm_linear", "silu_and_mul_linear", "sample_tokens", "fp8_quantize", "fp8_linear", "fp8_fused_moe",
 )
 BACKENDS = ("provided", "triton", "cpu", "torch")
 # Pure tensor maths with no device sync and no data-dependent shape: traced as the reference under a compiler.
@@ -67,6 +67,7 @@ _TRITON = {
     "rms_norm_linear": "fused_linear:rms_norm_linear",
     "silu_and_mul_linear": "fused_linear:silu_and_mul_linear",
     "sample_tokens": "sampling:sample_tokens",
+    "fp8_linear": "fp8_linear:fp8_linear",  # the fp8 block format; other schemes run the reference inside
 }
 # The CPU kernels (atom_kernels/cpu/<module>.py), for the ops where fewer torch calls than the reference pay.
 _CPU = {

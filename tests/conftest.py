@@ -52,6 +52,24 @@ def checkpoint_factory(tmp_path_factory):
     return make
 
 
+@pytest.fixture(scope="session")
+def fp8_checkpoint(checkpoint_factory, tmp_path_factory):
+    """make((arch, overrides), fmt, mtp=False) → (FP8 checkpoint, its dequantized float32 twin):
+    tests/fp8_checkpoints.py (cached per arguments)."""
+    from tests.fp8_checkpoints import write_fp8
+
+    cache: dict = {}
+
+    def make(checkpoint: tuple[str, dict], fmt: str, mtp: bool = False):
+        arch, overrides = checkpoint
+        key = (arch, repr(sorted(overrides.items())), fmt, mtp)
+        if key not in cache:
+            cache[key] = write_fp8(checkpoint_factory(arch, **overrides), tmp_path_factory.mktemp("fp8"), fmt, mtp)
+        return cache[key]
+
+    return make
+
+
 @pytest.fixture
 def no_provided_kernels():
     """The dispatcher as in a process where nobody registered "provided" kernels (vLLM's CPU kernels, a test's

@@ -4,6 +4,10 @@ Rank and size come from the host's Platform (atom_platform hook). Shapes: weight
 [out_features_local, in_features_local] like nn.Linear. The GEMM is atom_kernels.linear on this rank's shard;
 `prepare_weights()`, run once after loading (atom_core.loader.prepare_weights), lets its kernel prepack the
 shard (vLLM's oneDNN GEMM on CPU); until then, and wherever the kernel is the reference, `packed` is None.
+
+FP8 checkpoints (atom_core.layers.fp8.quantize_model calls `use_fp8`): weight float8_e4m3fn [out_local, in_local],
+weight_scale [out_local, ceil(in_local / block_k)] float32 (loaded through the weight's own sharding, see
+atom_core.layers.fp8), input_scale [1] for static activations; the GEMM is atom_kernels.fp8_linear.
 """
 
 from __future__ import annotations
@@ -12,8 +16,11 @@ import torch
 from torch import nn
 
 import atom_kernels
+from atom_core.layers import fp8
 from atom_core.platform import Platform
 from atom_core.plugins import current_platform
+from atom_core.quantization import Fp8Scheme
+from atom_kernels.reference.fp8 import fp8_dequantize
 
 
 def _divide(n: int, d: int, what: str) -> int:
@@ -29,6 +36,12 @@ def _check_shape(param: torch.Tensor, loaded: torch.Tensor, name: str) -> None:
 
 
 class LinearBase(nn.Module):
+    scheme: Fp8Scheme | None = None  # set by use_fp8
+    shards_input = False  # row-parallel: K is split over the ranks
+    # Read as a tensor by its owner, not through forward (MLA's absorbed kv_b_proj): an fp8 weight is dequantized to
+    # the model dtype once loaded.
+    dequantize_after_load = False
+
     def __init__(self, in_local: int, out_local: int, bias: bool, platform: Platform | None) -> None:
         super().__init__()
         self.platform = platform or current_platform()
@@ -42,15 +55,56 @@ class LinearBase(nn.Module):
             self.register_parameter("bias", None)
         self.packed = None  # atom_kernels.pack_linear's answer for the loaded shard (prepare_weights)
 
+    def use_fp8(self, scheme: Fp8Scheme) -> None:
+        """Hold the checkpoint's fp8 weight and scales instead of a model-dtype weight (see the module doc)."""
+        out_local, in_local = self.weight.shape
+        fp8.check_k_split(scheme, in_local, self.tp_size if self.shards_input else 1, type(self).__name__)
+        self.scheme, self.model_dtype = scheme, self.weight.dtype
+        self.block_k, self.act_group = fp8.k_block(scheme, in_local), fp8.act_group(scheme, in_local)
+        self.weight = fp8.fp8_parameter(out_local, in_local)
+        self.weight.weight_loader = self.weight_loader
+        self.weight_scale = fp8.scale_parameter(out_local, -(-in_local // self.block_k), loader=self.scale_loader)
+        self.input_scale = None
+        if scheme.activation == "static":  # fused shards' scales: the largest (equal when calibrated on one input)
+            self.input_scale = nn.Parameter(torch.zeros(1), requires_grad=False)
+            self.input_scale.weight_loader = self._input_scale_loader
+
+    def full_rows(self, shard=None) -> int:
+        """Rows of the checkpoint tensor (shard) the weight_loader takes."""
+        return self.weight.shape[0]
+
+    def scale_loader(self, param: nn.Parameter, loaded: torch.Tensor, *shard) -> None:
+        cols = param.shape[1] * (self.tp_size if self.shards_input else 1)
+        rows = self.full_rows(*shard)
+        self.weight_loader(param, fp8.expand_scale(loaded, rows, cols, self.scheme.weight_block,
+                                                   f"{type(self).__name__}{list(shard)}"), *shard)
+
+    @staticmethod
+    def _input_scale_loader(param: nn.Parameter, loaded: torch.Tensor, *shard) -> None:
+        param.data = torch.maximum(param.data, loaded.float().reshape(1).to(param.device))
+
     def prepare_weights(self) -> None:
-        self.packed = atom_kernels.pack_linear(self.weight, self.bias)
+        if self.scheme is not None and self.dequantize_after_load:
+            w = fp8_dequantize(self.weight, self.weight_scale, self.block_k).to(self.model_dtype)
+            self.weight = nn.Parameter(w, requires_grad=False)
+            del self.weight_scale
+            self.scheme = None
+        if self.scheme is None:
+            self.packed = atom_kernels.pack_linear(self.weight, None if self.shards_input else self.bias)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
         _check_shape(param, loaded, type(self).__name__)
         param.data.copy_(loaded)
 
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x [..., in_local] @ this rank's weight^T (+ bias): the fp8 GEMM for an fp8 checkpoint."""
+        if self.scheme is None:
+            return atom_kernels.linear(x, self.weight, bias, self.packed)
+        return atom_kernels.fp8_linear(x, self.weight, self.weight_scale, self.block_k, self.act_group,
+                                       self.input_scale, bias)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return atom_kernels.linear(x, self.weight, self.bias, self.packed)
+        return self.matmul(x, self.bias)
 
 
 class ReplicatedLinear(LinearBase):
@@ -72,12 +126,18 @@ class ColumnParallelLinear(LinearBase):
         loaded = loaded.narrow(0, self.tp_rank * size, size)
         super().weight_loader(param, loaded)
 
+    def full_rows(self, shard=None) -> int:
+        return self.weight.shape[0] * self.tp_size
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._gather(atom_kernels.linear(x, self.weight, self.bias, self.packed))
+        return self._gather(self.matmul(x, self.bias))
 
     def forward_normed(self, x: torch.Tensor, residual: torch.Tensor | None, norm: nn.Module):
         """(self(norm(x + residual)), x + residual), residual None: (self(norm(x)), x); norm: an RMSNorm, fused
         into this layer's GEMM where the device has a kernel for that."""
+        if self.scheme is not None:
+            h, residual = (norm(x), x) if residual is None else norm(x, residual)
+            return self._gather(self.matmul(h, self.bias)), residual
         y, residual = atom_kernels.rms_norm_linear(x, residual, norm.weight, norm.eps, self.weight, self.bias,
                                                    self.packed)
         return self._gather(y), residual
@@ -93,6 +153,9 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
                  platform: Platform | None = None):
         self.output_sizes = list(output_sizes)
         super().__init__(input_size, sum(output_sizes), bias, platform=platform)
+
+    def full_rows(self, shard_id=None) -> int:
+        return self.output_sizes[shard_id]
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int | None = None) -> None:
         if shard_id is None:
@@ -127,6 +190,11 @@ class QKVParallelLinear(ColumnParallelLinear):
         """Local (q, k, v) widths of this rank's output."""
         return self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.num_kv_heads * self.head_dim
 
+    def full_rows(self, shard_id=None) -> int:
+        heads = self.num_heads if shard_id == "q" else self.num_kv_heads
+        ranks = self.tp_size if shard_id == "q" else self.tp_size // self.kv_replicas
+        return heads * self.head_dim * ranks
+
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | None = None) -> None:
         if shard_id not in ("q", "k", "v"):
             raise ValueError(f"QKVParallelLinear shard_id must be 'q', 'k' or 'v', got {shard_id!r}")
@@ -142,6 +210,8 @@ class QKVParallelLinear(ColumnParallelLinear):
 class RowParallelLinear(LinearBase):
     """Input features split across ranks; partial outputs are summed with the host's all-reduce."""
 
+    shards_input = True
+
     def __init__(self, input_size: int, output_size: int, bias: bool = False, platform: Platform | None = None):
         platform = platform or current_platform()
         super().__init__(_divide(input_size, platform.tp_size, "input_size"), output_size, bias, platform)
@@ -152,15 +222,14 @@ class RowParallelLinear(LinearBase):
             loaded = loaded.narrow(1, self.tp_rank * size, size)
         super().weight_loader(param, loaded)
 
-    def prepare_weights(self) -> None:
-        self.packed = atom_kernels.pack_linear(self.weight)  # the bias is added after the all-reduce
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._reduce(atom_kernels.linear(x, self.weight, None, self.packed))
+        return self._reduce(self.matmul(x, None))  # the bias is added after the all-reduce
 
     def forward_silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
         """self(silu(gate) * up) for x [..., 2 * input_size] = gate | up, the activation fused into this layer's GEMM
         where the device has a kernel for that."""
+        if self.scheme is not None:
+            return self._reduce(self.matmul(atom_kernels.silu_and_mul(x), None))
         return self._reduce(atom_kernels.silu_and_mul_linear(x, self.weight, None, self.packed))
 
     def _reduce(self, y: torch.Tensor) -> torch.Tensor:

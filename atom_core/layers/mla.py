@@ -78,6 +78,9 @@ class MLAAttention(nn.Module):
         self.kv_a_proj_with_mqa = ReplicatedLinear(hidden, self.r + self.rope, bias)
         self.kv_a_layernorm = RMSNorm(self.r, LATENT_NORM_EPS)
         self.kv_b_proj = ColumnParallelLinear(self.r, heads * (self.nope + self.v_dim))
+        # absorbed: its weight is read below, not run as a GEMM; an fp8 one is dequantized once at load (the latent
+        # stays unquantized, as in DeepSeek's own absorbed inference)
+        self.kv_b_proj.dequantize_after_load = True
         self.o_proj = RowParallelLinear(heads * self.v_dim, hidden, bias)
         self.rotary_emb = rotary_emb  # the model's one table over qk_rope_head_dim
         self.interleaved = bool(getattr(cfg, "rope_interleave", True))  # V2 has no flag: always interleaved

@@ -10,6 +10,10 @@ Checkpoints: transformers' save_pretrained writes per-expert tensors `experts.{i
 (4.x and 5.x alike; atom_core.models.weights maps them here with shard id (i, "gate"|"up"|"down")); the fused
 in-memory layout of transformers 5 (`experts.gate_up_proj` [E, 2I, H], `experts.down_proj` [E, H, I]) loads
 too, as it has our parameter names.
+
+FP8 checkpoints (`use_fp8`): both stacks float8_e4m3fn with gate_up_proj_scale [E, 2I/tp, ceil(H / block_k)] and
+down_proj_scale [E, H, ceil(I/tp / block_k)] (atom_core.layers.fp8's layout), loaded from the per-expert
+`weight_scale(_inv)` tensors through the same sharding as the weights; the experts run atom_kernels.fp8_fused_moe.
 """
 
 from __future__ import annotations
@@ -18,10 +22,12 @@ import torch
 from torch import nn
 
 import atom_kernels
+from atom_core.layers import fp8
 from atom_core.layers.linear import _divide
 from atom_core.layers.moe_router import RouterConfig, route
 from atom_core.platform import Platform
 from atom_core.plugins import current_platform
+from atom_core.quantization import Fp8Scheme
 
 
 def _require_shape(loaded: torch.Tensor, expected: tuple[int, ...], name: str) -> None:
@@ -47,35 +53,69 @@ class FusedExperts(nn.Module):
         for param in (self.gate_up_proj, self.down_proj):
             param.weight_loader = self.weight_loader
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard: tuple[int, str] | None = None) -> None:
-        """shard None: a fused tensor of every expert; (expert, "gate"|"up"|"down"): one expert's [out, in].
-        Checkpoint tensors are whole (every rank's part): each rank narrows out its own."""
-        num_experts, hidden = self.down_proj.shape[:2]
-        local, rank, full = self.intermediate, self.tp_rank, self.intermediate * self.tp_size
+    scheme: Fp8Scheme | None = None  # set by use_fp8
+
+    def use_fp8(self, scheme: Fp8Scheme) -> None:
+        """Hold the checkpoint's fp8 expert weights and their scales (see the module doc)."""
+        if scheme.activation == "static":
+            raise ValueError("FP8 MoE experts with static activation scales (input_scale) are not supported; "
+                             "supported: dynamic activations (per token or token group) or weights only")
+        (e, two_i, h), i = self.gate_up_proj.shape, self.intermediate
+        fp8.check_k_split(scheme, i, self.tp_size, "MoE experts' down_proj")
+        self.scheme = scheme
+        # one scale column for per-channel weights, and one activation group per token, whichever K
+        self.block_k, self.act_group = fp8.k_block(scheme, max(h, i)), fp8.act_group(scheme, max(h, i))
+        self.gate_up_proj, self.down_proj = fp8.fp8_parameter(e, two_i, h), fp8.fp8_parameter(e, h, i)
+        for param in (self.gate_up_proj, self.down_proj):
+            param.weight_loader = self.weight_loader
+        self.gate_up_proj_scale = fp8.scale_parameter(e, two_i, -(-h // self.block_k), loader=self.scale_loader)
+        self.down_proj_scale = fp8.scale_parameter(e, h, -(-i // self.block_k), loader=self.scale_loader)
+
+    def scale_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard: tuple[int, str] | None = None) -> None:
         if shard is None:
-            down = param is self.down_proj
+            raise ValueError("FP8 MoE experts load per-expert scales (experts.{i}.{gate,up,down}_proj.weight_scale); "
+                             "the checkpoint has fused expert scales")
+        if shard[1] == "down":  # [H, I]: K (I) is split over the ranks
+            rows, cols = param.shape[1], param.shape[2] * self.tp_size
+        else:
+            rows, cols = param.shape[1] // 2 * self.tp_size, param.shape[2]
+        block = self.scheme.weight_block
+        self.weight_loader(param, fp8.expand_scale(loaded, rows, cols, block, f"experts.{shard[0]}.{shard[1]}"), shard)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard: tuple[int, str] | None = None) -> None:
+        """shard None: a fused tensor of every expert; (expert, "gate"|"up"|"down"): one expert's [out, in] (weights
+        and scales alike). Checkpoint tensors are whole (every rank's part): each rank narrows out its own."""
+        num_experts, rows, cols = param.shape
+        rank, tp = self.tp_rank, self.tp_size
+        down = param is self.down_proj or param is getattr(self, "down_proj_scale", None)
+        half = rows // 2  # gate_up: this rank's gate rows, then its up rows
+        if shard is None:
             name = "experts.down_proj" if down else "experts.gate_up_proj"
-            _require_shape(loaded, (num_experts, hidden, full) if down else (num_experts, 2 * full, hidden), name)
+            _require_shape(loaded, (num_experts, rows, cols * tp) if down else (num_experts, rows * tp, cols), name)
             if down:  # [E, H, I]: this rank's columns
-                param.data.copy_(loaded.narrow(2, rank * local, local))
+                param.data.copy_(loaded.narrow(2, rank * cols, cols))
             else:  # [E, 2I, H]: this rank's gate rows, then its up rows
-                param.data.copy_(torch.cat([loaded.narrow(1, rank * local, local),
-                                            loaded.narrow(1, full + rank * local, local)], dim=1))
+                param.data.copy_(torch.cat([loaded.narrow(1, rank * half, half),
+                                            loaded.narrow(1, (tp + rank) * half, half)], dim=1))
             return
         expert, kind = shard
         if not 0 <= expert < num_experts:
             raise ValueError(f"checkpoint has expert {expert}, but the layer has {num_experts} experts "
                              "(num_experts in config.json)")
-        down = kind == "down"
-        _require_shape(loaded, (hidden, full) if down else (full, hidden), f"experts.{expert}.{kind}_proj")
+        _require_shape(loaded, (rows, cols * tp) if down else (half * tp, cols), f"experts.{expert}.{kind}_proj")
         if down:  # [H, I]: this rank's columns
-            param.data[expert].copy_(loaded.narrow(1, rank * local, local))
+            param.data[expert].copy_(loaded.narrow(1, rank * cols, cols))
         else:  # [I, H]: this rank's rows, into the gate (first) or up (second) half
-            offset = 0 if kind == "gate" else local
-            param.data[expert, offset:offset + local].copy_(loaded.narrow(0, rank * local, local))
+            offset = 0 if kind == "gate" else half
+            param.data[expert, offset:offset + half].copy_(loaded.narrow(0, rank * half, half))
 
     def forward(self, hidden: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
-        out = atom_kernels.fused_moe(hidden, self.gate_up_proj, self.down_proj, topk_weights, topk_ids)
+        if self.scheme is None:
+            out = atom_kernels.fused_moe(hidden, self.gate_up_proj, self.down_proj, topk_weights, topk_ids)
+        else:
+            out = atom_kernels.fp8_fused_moe(hidden, self.gate_up_proj, self.down_proj, self.gate_up_proj_scale,
+                                             self.down_proj_scale, topk_weights, topk_ids, self.block_k,
+                                             self.act_group)
         return self.platform.all_reduce(out) if self.tp_size > 1 else out
 
 

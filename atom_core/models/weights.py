@@ -25,6 +25,9 @@ def load_named_weights(
     for name, tensor in weights:
         if name.endswith(skip_suffixes):
             continue
+        # the fp8 block format (DeepSeek-V3, Qwen3-FP8) names its scales weight_scale_inv (dequantized = weight *
+        # weight_scale_inv); compressed-tensors, the same factor, weight_scale: ours
+        name = name.removesuffix("_inv") if name.endswith(".weight_scale_inv") else name
         target, shard = _resolve(name, params, packed)
         param = params[target]
         loader = getattr(param, "weight_loader", None)
@@ -41,8 +44,10 @@ def load_named_weights(
     return loaded
 
 
-# transformers' per-expert checkpoint names → the MoE layer's stacked parameter and shard (expert, part)
-_EXPERT = re.compile(r"^(?P<experts>(?:.+\.)?experts)\.(?P<index>\d+)\.(?P<part>gate|up|down)_proj\.weight$")
+# transformers' per-expert checkpoint names → the MoE layer's stacked parameter (its fp8 scales: *_scale) and shard
+# (expert, part)
+_EXPERT = re.compile(r"^(?P<experts>(?:.+\.)?experts)\.(?P<index>\d+)\.(?P<part>gate|up|down)_proj\."
+                     r"weight(?P<scale>_scale)?$")
 
 
 def _resolve(name: str, params: dict, packed: dict) -> tuple[str, object]:
@@ -50,7 +55,8 @@ def _resolve(name: str, params: dict, packed: dict) -> tuple[str, object]:
         return name, None
     expert = _EXPERT.match(name)
     if expert is not None:
-        target = f"{expert['experts']}.{'down_proj' if expert['part'] == 'down' else 'gate_up_proj'}"
+        stack = "down_proj" if expert["part"] == "down" else "gate_up_proj"
+        target = f"{expert['experts']}.{stack}{expert['scale'] or ''}"
         if target in params:
             return target, (int(expert["index"]), expert["part"])
     for fragment, (ours, shard) in packed.items():

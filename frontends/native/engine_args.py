@@ -53,7 +53,7 @@ class EngineArgs:
     def to_atom_config(self) -> AtomConfig:
         hf_config = load_hf_config(self.model)
         dtype = parse_dtype(self.dtype, hf_config)
-        kv_cache_dtype = checkpoint_precision(hf_config, dtype, self.kv_cache_dtype, model=str(self.model))
+        precision = checkpoint_precision(hf_config, dtype, self.kv_cache_dtype, model=str(self.model))
         max_pos = getattr(hf_config, "max_position_embeddings", None)
         max_model_len = self.max_model_len or max_pos or 2048
         if max_pos and max_model_len > max_pos:
@@ -64,7 +64,8 @@ class EngineArgs:
                     if getattr(self, name) is not None}
         return AtomConfig(
             hf_config=hf_config, model_path=str(self.model), dtype=dtype,
-            max_model_len=max_model_len, block_size=self.block_size, kv_cache_dtype=kv_cache_dtype,
+            max_model_len=max_model_len, block_size=self.block_size, kv_cache_dtype=precision.kv_cache_dtype,
+            quantization=precision.quantization,
             max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
             enforce_eager=self.enforce_eager, **switches,
         )

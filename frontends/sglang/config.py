@@ -7,6 +7,7 @@ builds the model, and publishes its ServerArgs and parallel groups in `sglang.sr
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,15 +76,35 @@ def extend_token_budget(server_args: Any, context_len: int) -> int:
     return max(getattr(server_args, "max_prefill_tokens", None) or 0, context_len)
 
 
+# SGLang's CPU path pads these to a multiple of its kernels' block (sglang.srt.configs.update_config, e.g. a 320-wide
+# intermediate of an fp8 block checkpoint to 384), keeping the checkpoint's value as original_<name>.
+_PADDED_SIZES = ("moe_intermediate_size", "intermediate_size", "intermediate_size_mlp",
+                 "shared_expert_intermediate_size")
+
+
+def _checkpoint_sizes(hf_config: Any) -> Any:
+    """hf_config with the checkpoint's own sizes where SGLang padded them (our layers take partial blocks): a copy,
+    SGLang's object is left as SGLang made it."""
+    originals = {name: getattr(hf_config, f"original_{name}", None) for name in _PADDED_SIZES}
+    originals = {name: value for name, value in originals.items() if value is not None}
+    if not originals:
+        return hf_config
+    hf_config = copy.copy(hf_config)
+    for name, value in originals.items():
+        setattr(hf_config, name, value)
+    return hf_config
+
+
 def translate_config(c: SGLangModelConfig) -> AtomConfig:
     sa = c.server_args
-    kv_dtype = checkpoint_precision(c.hf_config, c.dtype, getattr(sa, "kv_cache_dtype", None),
-                                    host_quantization=c.quant_config, model=str(getattr(sa, "model_path", None)),
-                                    fallback=_FALLBACK)
+    precision = checkpoint_precision(c.hf_config, c.dtype, getattr(sa, "kv_cache_dtype", None),
+                                     host_quantization=c.quant_config, model=str(getattr(sa, "model_path", None)),
+                                     fallback=_FALLBACK)
     max_model_len = _max_model_len(c)
     fields: dict[str, Any] = dict(
-        hf_config=c.hf_config, model_path=getattr(sa, "model_path", None), dtype=c.dtype,
-        max_model_len=max_model_len, block_size=SGLANG_BLOCK_SIZE, kv_cache_dtype=kv_dtype,
+        hf_config=_checkpoint_sizes(c.hf_config), model_path=getattr(sa, "model_path", None), dtype=c.dtype,
+        max_model_len=max_model_len, block_size=SGLANG_BLOCK_SIZE, kv_cache_dtype=precision.kv_cache_dtype,
+        quantization=precision.quantization,
         tensor_parallel_size=getattr(sa, "tp_size", None) or 1,
         pipeline_parallel_size=getattr(sa, "pp_size", None) or 1,
         enforce_eager=bool(getattr(sa, "disable_cuda_graph", False)),

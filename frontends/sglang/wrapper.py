@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from atom_core.layers.kernel_warmup import warm_up
-from atom_core.loader import build_model, require_all_loaded
+from atom_core.loader import build_model, prepare_weights, require_all_loaded
 from atom_frontends.sglang.bridge import forward_batch_context
 from atom_frontends.sglang.config import SGLangModelConfig
 from atom_frontends.sglang.hooks import SGLANG
@@ -73,6 +73,7 @@ class AtomSGLangModel(nn.Module):
         loaded = self.core.load_weights(weights)
         if not self._weights_loaded:
             require_all_loaded(self.core, loaded, self.atom_config.model_path)
+            prepare_weights(self.core)  # e.g. an fp8 MLA kv_b_proj dequantized, CPU GEMMs prepacked
             self._weights_loaded = True
             self._warm_up_moe()
         return loaded

@@ -26,16 +26,17 @@ def to_atom_config(vllm_config: Any) -> AtomConfig:
     par, sched = vllm_config.parallel_config, vllm_config.scheduler_config
     if model is None:
         raise ValueError("VllmConfig.model_config is None: atom-core needs the model's config to build it")
-    kv_cache_dtype = checkpoint_precision(model.hf_config, model.dtype, str(cache.cache_dtype),
-                                          host_quantization=getattr(vllm_config, "quant_config", None),
-                                          model=str(model.model), fallback=_FALLBACK)
+    precision = checkpoint_precision(model.hf_config, model.dtype, str(cache.cache_dtype),
+                                     host_quantization=getattr(vllm_config, "quant_config", None),
+                                     model=str(model.model), fallback=_FALLBACK)
     return AtomConfig(
         hf_config=model.hf_config,
         model_path=str(model.model),
         dtype=model.dtype,
         max_model_len=model.max_model_len,
         block_size=cache.block_size,
-        kv_cache_dtype=kv_cache_dtype,
+        kv_cache_dtype=precision.kv_cache_dtype,
+        quantization=precision.quantization,
         tensor_parallel_size=par.tensor_parallel_size,
         pipeline_parallel_size=par.pipeline_parallel_size,
         max_num_seqs=sched.max_num_seqs,

@@ -7,6 +7,8 @@ summed over the token's experts in the hidden dtype, expert after expert in id o
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -37,7 +39,18 @@ def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
     (any float dtype); topk_ids [T, K] (int, in [0, E)) → [T, H] in hidden's dtype:
     out[t] = sum_k topk_weights[t, k] * w2[e] @ (silu(gate_e @ x) * (up_e @ x)), e = topk_ids[t, k]."""
     check_moe_args(hidden, w13, w2, topk_weights, topk_ids)
-    num_experts = w13.shape[0]
+
+    def expert(e: int, x: torch.Tensor) -> torch.Tensor:
+        gate, up = F.linear(x, w13[e]).chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, w2[e])
+
+    return run_experts(hidden, w13.shape[0], topk_weights, topk_ids, expert)
+
+
+def run_experts(hidden: torch.Tensor, num_experts: int, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                expert: Callable[[int, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """sum over each token's experts of topk_weight * expert(e, rows of hidden routed to e) → [T, H], experts in
+    id order, rows within an expert by k then token (transformers' order)."""
     out = torch.zeros_like(hidden)
     if hidden.shape[0] == 0:
         return out
@@ -55,9 +68,7 @@ def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
         if count == 0:
             continue
         rows = slice(start, start + count)
-        x = hidden[tokens[rows]]
-        gate, up = F.linear(x, w13[e]).chunk(2, dim=-1)
-        y = F.linear(F.silu(gate) * up, w2[e]) * weights[rows, None]
+        y = expert(e, hidden[tokens[rows]]) * weights[rows, None]
         out.index_add_(0, tokens[rows], y)
         start += count
     return out

@@ -149,8 +149,9 @@ def test_unknown_architecture(checkpoint_factory, tmp_path):
         LLM(dst)
 
 
-def test_quantized_checkpoint(checkpoint_factory, tmp_path):
-    """DeepSeek-V3 as released (fp8 block-quantized weights): refused by name, not as unexpected weights."""
+def test_unsupported_quantized_checkpoint(checkpoint_factory, tmp_path):
+    """A quantization atom-core does not run (FP8 does: test_fp8_parity.py): refused by name, not as unexpected
+    weights."""
     import json
     import shutil
 
@@ -158,10 +159,9 @@ def test_quantized_checkpoint(checkpoint_factory, tmp_path):
     dst = tmp_path / "ckpt"
     shutil.copytree(src, dst)
     cfg = json.loads((dst / "config.json").read_text())
-    cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-                                  "weight_block_size": [128, 128]}
+    cfg["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": 128}
     (dst / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ValueError, match=r"quantized checkpoint \(quant_method fp8\): .*unquantized"):
+    with pytest.raises(ValueError, match=r"quant_method 'awq' is not supported by atom-core \(supported: fp8"):
         LLM(dst)
 
 

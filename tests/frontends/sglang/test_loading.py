@@ -85,7 +85,8 @@ def test_config_translated_from_sglang_objects(sglang_checkpoint):
         host_config = SGLangModelConfig.from_model_init(hf_config, prefix="")
         config = translate_config(host_config)
         platform = current_platform("sglang")
-        with pytest.raises(ValueError, match=r"quantized models \(object\) .*SGLANG_EXTERNAL_MODEL_PACKAGE"):
+        with pytest.raises(ValueError, match=r"not a quantized checkpoint, but the host quantizes it \(object\)"
+                                           r".*SGLANG_EXTERNAL_MODEL_PACKAGE"):
             translate_config(SGLangModelConfig(hf_config, server_args, torch.float32, quant_config=object()))
     assert host_config.server_args is server_args
     assert (config.model_path, config.dtype, config.max_model_len) == (str(path), torch.float32, 300)

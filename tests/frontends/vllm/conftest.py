@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fp8_checkpoints import QWEN3_MOE
 from tests.frontends.native.hf_oracle import hf_greedy, random_prompts
 
 # Each test module skips itself without vllm (pytest.importorskip); this file must import without it.
@@ -111,14 +112,22 @@ def parity_jobs(vllm_checkpoint, prompts, **engine_extra) -> list[dict]:
              "rounds": 2, "engine": {**ENGINES[name], **engine_extra}} for name in CHECKPOINTS]
 
 
+# The FP8 checkpoint of test_fp8_generation.py (its job joins atom_run): Qwen3-MoE in compressed-tensors FP8-Dynamic,
+# float32 (vLLM's Fp8Config, the fp8 block format, takes bfloat16/float16 models only).
+FP8 = (QWEN3_MOE, "channel")
+FP8_PROMPTS, FP8_NEW_TOKENS = random_prompts([5, 17, 9], seed=3), 12
+
+
 @pytest.fixture(scope="session")
-def atom_run(vllm_checkpoint, prompts, tmp_path_factory, unsupported_checkpoint):
+def atom_run(vllm_checkpoint, prompts, tmp_path_factory, unsupported_checkpoint, fp8_checkpoint):
     """vLLM with the plugin (default settings: torch.compile mode, in-process engine), both
-    architectures, then an architecture atom-core lacks (fallback)."""
+    architectures, then an architecture atom-core lacks (fallback), then an FP8 checkpoint."""
     jobs = parity_jobs(vllm_checkpoint, prompts)
     jobs.append({"model": str(unsupported_checkpoint), "prompts": prompts[:2], "max_tokens": NEW_TOKENS})
+    jobs.append({"model": str(fp8_checkpoint(*FP8)[0]), "prompts": FP8_PROMPTS, "max_tokens": FP8_NEW_TOKENS,
+                 "rounds": 1, "engine": {"dtype": "float32", "block_size": 32}})
     results, log = run_vllm(jobs, tmp_path_factory.mktemp("vllm_atom"), VLLM_ENABLE_V1_MULTIPROCESSING="0")
-    return dict(zip([*CHECKPOINTS, "unsupported"], results)), log
+    return dict(zip([*CHECKPOINTS, "unsupported", "fp8"], results)), log
 
 
 @pytest.fixture(scope="session")

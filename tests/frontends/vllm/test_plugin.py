@@ -125,8 +125,8 @@ def test_config_translation_from_a_real_vllm_config(vllm_checkpoint):
     cfg.cache_config.cache_dtype = "fp8_e5m2"
     with pytest.raises(ValueError, match="kv_cache_dtype='fp8_e5m2' is not supported by atom-core"):
         translate_config(cfg)
-    cfg.quant_config = object()  # what vLLM makes of a quantized checkpoint or --quantization
-    with pytest.raises(ValueError, match="quantized models .object. are not supported by atom-core.*DISABLE_VLLM"):
+    cfg.quant_config = object()  # what vLLM makes of --quantization on an unquantized checkpoint
+    with pytest.raises(ValueError, match="not a quantized checkpoint, but the host quantizes it .object.*DISABLE_VLLM"):
         translate_config(cfg)
 
 
