@@ -19,12 +19,13 @@ import triton
 import triton.language as tl
 
 from atom_kernels.reference import fp8 as reference
-from atom_kernels.triton._utils import check
+from atom_kernels.triton._utils import check, pdl, pdl_prologue
 
 
 @triton.jit
 def _block_scaled_gemm(xq_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, M, N, K, KB, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    pdl_prologue(PDL)
     # grid (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N)); xq [M, K], w [N, K] e4m3 (K-contiguous); xs [M, KB], ws [N, KB] fp32
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -61,7 +62,7 @@ def fp8_linear(x, weight, weight_scale, block_k, act_group, input_scale=None, bi
     block_m, block_n = 16, 64
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
     _block_scaled_gemm[grid](xq.contiguous(), xs.contiguous(), weight, weight_scale, y, m, n, k, kb,
-                             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
+                             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, **pdl(x.device))
     if bias is not None:
         y += bias.float()
     return y.to(x.dtype).reshape(*x.shape[:-1], n)
