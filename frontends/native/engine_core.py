@@ -18,6 +18,8 @@ import queue
 import signal
 from dataclasses import dataclass, replace
 
+import torch
+
 from atom_frontends.native.engine import LLMEngine
 from atom_frontends.native.engine_args import EngineArgs
 from atom_frontends.native.request import CompletionOutput, PromptLogprobs, RequestOutput
@@ -123,6 +125,10 @@ def run_engine_core(args: EngineArgs, inbox, outbox) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     logging.getLogger("atom_frontends").setLevel(logging.INFO)
     parent = os.getppid()
+    if "OMP_NUM_THREADS" not in os.environ:
+        # One core is left to the server process (vLLM's CPU server reserves one too): torch's threads spin-wait
+        # at each op's end, and one of them descheduled by the server's work stalls the whole step.
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) - 1))
     try:
         core = EngineCore(LLMEngine(replace(args, skip_tokenizer_init=True)))
     except Exception as e:
