@@ -59,8 +59,8 @@ class AsyncLLMEngine:
         self.process = ctx.Process(target=run_engine_core, args=(args, self._inbox, self._outbox),
                                    name="atom-core-engine", daemon=True)
         self.process.start()
+        self.tokenizer = load_tokenizer(args.model)  # while the engine process loads the model
         info = self._wait_ready()
-        self.tokenizer = load_tokenizer(args.model)
         self.max_model_len, self.max_queue = info["max_model_len"], max_queue
         self.inputs = InputChecks(self.tokenizer, info["vocab_size"], self.max_model_len)
         self.capacity = info["max_num_seqs"] + max_queue

@@ -1,7 +1,8 @@
 """`atom-core serve` under load and faults (a subprocess, the real `openai` client): many concurrent clients, some
 streaming, some dropping their stream mid-way, malformed and oversized requests mixed in. Every completed answer
 is transformers' serial greedy answer, every dropped request is aborted, every bad one gets its 400, /metrics
-counts exactly what the clients saw, and every KV block is free at the end. Then the engine process is killed:
+and the request log (--enable-log-requests) count exactly what the clients saw, and every KV block is free at
+the end. Then the engine process is killed:
 the request in flight gets 503 naming the cause and the server exits non-zero."""
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ def tok(ckpt):
 
 
 def _serve(ckpt, clients: int):
-    srv = ServeProcess(ckpt, "--max-num-seqs", str(clients // 2), "--max-queue", str(clients))
+    srv = ServeProcess(ckpt, "--max-num-seqs", str(clients // 2), "--max-queue", str(clients),
+                       "--enable-log-requests")
     yield srv
     srv.stop()
 
@@ -101,7 +103,7 @@ def _wait_idle(server, timeout: float = 60.0) -> dict:
 
 def _load_and_faults(server, ckpt, tok, clients: int) -> None:
     prompts = [f"Client {i} asks: what is {i} + {2 * i}?" for i in range(clients)]
-    before, stats0 = _metrics(server), server.stats()
+    before, stats0, logged = _metrics(server), server.stats(), server.output().count("finished (length)")
     with ThreadPoolExecutor(clients) as pool:
         got = list(pool.map(lambda i: _client(server, i, prompts[i]), range(clients)))
     kinds = [k for k, _ in got]
@@ -119,10 +121,12 @@ def _load_and_faults(server, ckpt, tok, clients: int) -> None:
 
     assert added("request_success_total", "length") == len(completed)
     assert added("request_success_total", "abort") == kinds.count("dropped")
-    started = len(completed) + kinds.count("dropped")  # every one got a first token
-    assert added("time_to_first_token_seconds_count") == added("e2e_request_latency_seconds_count") == started
+    started = [i for i, k in enumerate(kinds) if k in ("completed", "dropped")]  # each got a first token
+    assert added("prompt_tokens_total") == sum(len(tok(prompts[i]).input_ids) for i in started)
+    assert added("time_to_first_token_seconds_count") == added("e2e_request_latency_seconds_count") == len(started)
     assert added("generation_tokens_total") >= len(completed) * MAX_TOKENS + 2 * kinds.count("dropped")
     assert after[("atom_core:kv_cache_usage_perc", None)] == 0
+    assert server.output().count("finished (length)") - logged == len(completed)  # --enable-log-requests
 
 
 def test_load_and_faults(server, ckpt, tok):
