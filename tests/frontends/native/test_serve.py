@@ -271,9 +271,9 @@ def test_sigterm_drains_and_shuts_down_cleanly(small_server, ckpt, tok):
                                        stream=True, extra_body={"ignore_eos": True})
     chunks = iter(stream)
     next(chunks)
-    short = ThreadPoolExecutor(1).submit(client.completions.create, model="tiny", prompt=PROMPTS[2], max_tokens=4,
+    short = ThreadPoolExecutor(1).submit(client.completions.create, model="tiny", prompt=PROMPTS[2], max_tokens=16,
                                          temperature=0, logprobs=0, extra_body=AS_IDS)
-    while small_server.stats()["num_requests"] < 2:
+    while small_server.stats()["num_requests"] < 2 and not short.done():
         time.sleep(0.05)
     engine = small_server.stats()["engine_pid"]
     ended = threading.Event()
@@ -288,7 +288,7 @@ def test_sigterm_drains_and_shuts_down_cleanly(small_server, ckpt, tok):
 
     threading.Thread(target=drain, daemon=True).start()
     assert small_server.terminate() == 0
-    assert _ids(short.result().choices[0].logprobs.tokens) == hf_greedy(ckpt, [tok(PROMPTS[2]).input_ids], 4)[0]
+    assert _ids(short.result().choices[0].logprobs.tokens) == hf_greedy(ckpt, [tok(PROMPTS[2]).input_ids], 16)[0]
     assert ended.wait(30)
     assert "Finished server process" in small_server.output()
     with pytest.raises(ProcessLookupError):  # the engine process is gone too
