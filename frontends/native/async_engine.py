@@ -84,9 +84,9 @@ class AsyncLLMEngine:
                     raise RuntimeError(f"the engine process exited with {self.process.exitcode} while loading "
                                        "the model; its error is in the log above") from None
                 continue
-            if msg[0] == "failed":
+            if msg[0] == "failed":  # the engine's own error (e.g. a ValueError naming the argument to change)
                 self.process.join()
-                raise RuntimeError(f"the engine process failed to start: {msg[1]}")
+                raise msg[1]
             return msg[1]
 
     # ---- event-loop side --------------------------------------------------------------------------

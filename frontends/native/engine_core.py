@@ -7,13 +7,14 @@ finish reason), never the prompt or the tokens sent before, plus a snapshot of t
 
 Commands in (tuples): ("add", request_id, token_ids, params), ("abort", request_id),
 ("stop_sample", request_id, index, stop_string), ("shutdown",).
-Messages out: ("ready", info), ("failed", message), ("step", [Delta], stats), ("stopped",).
+Messages out: ("ready", info), ("failed", exception), ("step", [Delta], stats), ("stopped",).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import pickle
 import queue
 import signal
 from dataclasses import dataclass, replace
@@ -108,6 +109,14 @@ class EngineCore:
                 "num_preemptions": sched.num_preemptions}
 
 
+def _picklable(e: Exception) -> Exception:
+    try:
+        pickle.dumps(e)
+        return e
+    except Exception:
+        return RuntimeError(f"the engine failed to start: {type(e).__name__}: {e}")
+
+
 def _commands(inbox, block: bool) -> list[tuple]:
     """Every command waiting now; when `block`, wait up to IDLE_POLL_S for the first."""
     out = []
@@ -131,9 +140,8 @@ def run_engine_core(args: EngineArgs, inbox, outbox) -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) - 1))
     try:
         core = EngineCore(LLMEngine(replace(args, skip_tokenizer_init=True)))
-    except Exception as e:
-        log.exception("atom-core: the engine failed to start")
-        outbox.put(("failed", f"{type(e).__name__}: {e}"))
+    except Exception as e:  # raised again in the server: a bad argument reads as the offline engine's
+        outbox.put(("failed", _picklable(e)))
         return
     outbox.put(("ready", core.info()))
     while os.getppid() == parent:
