@@ -143,7 +143,7 @@ class AsyncLLMEngine:
         rid = request_id or f"req-{next(self._ids)}"
         if rid in self._streams:
             raise ValueError(f"request_id {rid!r} is already in use; give each live request its own id")
-        stream = RequestStream(self, RequestState(rid, text, ids, params, self.tokenizer))
+        stream = RequestStream(self.abort, RequestState(rid, text, ids, params, self.tokenizer))
         self._streams[rid] = stream
         self._in_flight += params.n
         self._inbox.put(("add", rid, ids, params))

@@ -24,6 +24,7 @@ import torch
 from atom_frontends.native.engine import LLMEngine
 from atom_frontends.native.engine_args import EngineArgs
 from atom_frontends.native.request import CompletionOutput, PromptLogprobs, RequestOutput
+from atom_kernels import envs
 
 log = logging.getLogger(__name__)
 IDLE_POLL_S = 1.0  # how often an idle engine process checks that its server still lives
@@ -134,7 +135,7 @@ def run_engine_core(args: EngineArgs, inbox, outbox) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     logging.getLogger("atom_frontends").setLevel(logging.INFO)
     parent = os.getppid()
-    if "OMP_NUM_THREADS" not in os.environ:
+    if envs.OMP_NUM_THREADS is None:
         # One core is left to the server process (vLLM's CPU server reserves one too): torch's threads spin-wait
         # at each op's end, and one of them descheduled by the server's work stalls the whole step.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) - 1))

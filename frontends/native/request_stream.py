@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from atom_frontends.native.output_processor import RequestState
 from atom_frontends.native.request import RequestOutput
-
-if TYPE_CHECKING:
-    from atom_frontends.native.async_engine import AsyncLLMEngine
 
 
 class RequestStream:
@@ -20,8 +17,8 @@ class RequestStream:
     The engine process sends only what is new (engine_core.Delta), RequestState adds the text; news the consumer
     has not taken yet are merged."""
 
-    def __init__(self, engine: AsyncLLMEngine, state: RequestState) -> None:
-        self.state, self._engine = state, engine
+    def __init__(self, abort: Callable[[str], None], state: RequestState) -> None:
+        self.state, self._abort = state, abort  # abort(request_id): the engine's
         self.request_id, self.params, self.prompt_token_ids = state.request_id, state.params, state.prompt_token_ids
         self.done = False  # the engine has delivered the final output or an error
         self._event = asyncio.Event()
@@ -43,7 +40,7 @@ class RequestStream:
     def abort(self) -> None:
         """Stop the request (frees its KV blocks); nothing when it already ended."""
         if not self.done:
-            self._engine.abort(self.request_id)
+            self._abort(self.request_id)
 
     def __aiter__(self) -> RequestStream:
         return self
