@@ -82,10 +82,16 @@ class RequestStream:
 
 
 def _merged(old: RequestOutput, new: RequestOutput) -> RequestOutput:
-    """Two outputs of news (one sample each in the same order) as one; old's lists, which the stream owns, grow."""
-    for o, c in zip(old.outputs, new.outputs):
-        o.token_ids += c.token_ids
-        if o.logprobs is not None:
-            o.logprobs += c.logprobs
-    outs = [replace(c, token_ids=o.token_ids, logprobs=o.logprobs) for o, c in zip(old.outputs, new.outputs)]
+    """Two outputs of news as one, sample by sample (by index: a sample that ended is absent from later outputs,
+    and keeps what it had); old's lists, which the stream owns, grow."""
+    samples = {o.index: o for o in old.outputs}
+    for c in new.outputs:
+        o = samples.get(c.index)
+        if o is not None:
+            o.token_ids += c.token_ids
+            if o.logprobs is not None:
+                o.logprobs += c.logprobs
+            c = replace(c, token_ids=o.token_ids, logprobs=o.logprobs)
+        samples[c.index] = c
+    outs = [samples[i] for i in sorted(samples)]
     return replace(new, outputs=outs, prompt_logprobs=old.prompt_logprobs or new.prompt_logprobs)
