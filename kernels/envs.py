@@ -36,6 +36,12 @@ def parse_names(name: str, value: str) -> frozenset[str] | None:
     return names or None
 
 
+def parse_positive_int(name: str, value: str) -> int:
+    if not value.strip().isdigit() or int(value) < 1:
+        raise ValueError(f"{name}={value!r}: use a whole number of at least 1")
+    return int(value)
+
+
 def parse_str(name: str, value: str) -> str | None:
     return value.strip() or None
 
@@ -77,6 +83,8 @@ VARIABLES: dict[str, Variable] = {
     # Defined by a host or library, read here too
     "TRITON_INTERPRET": Variable(False, parse_bool, "Triton's own: 1 runs Triton kernels in its CPU interpreter "
                                                     "(then no programmatic dependent launch)"),
+    "OMP_NUM_THREADS": Variable(None, parse_positive_int, "OpenMP's own: torch's CPU threads; unset: the native "
+                                                          "server's engine process takes cores - 1 on CPU"),
 }
 
 

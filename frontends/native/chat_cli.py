@@ -17,7 +17,7 @@ def stream_answer(engine, conversation: list[dict], params, out: TextIO) -> str:
     from atom_frontends.native.llm import render_chat
 
     text, ids = render_chat(engine.tokenizer, conversation, None, True, {})
-    rid = engine.enqueue(*engine.check_prompt(ids), engine.check_params(params), stream=True)
+    rid = engine.enqueue(*engine.inputs.check_prompt(ids), engine.inputs.check_params(params), stream=True)
     shown, stop = "", []
     # Ctrl-C is noted and acted on between steps: an interrupt inside a step would leave the engine half-way.
     previous = signal.signal(signal.SIGINT, lambda *_: stop.append(True))

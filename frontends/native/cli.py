@@ -154,6 +154,9 @@ def _add_serve_parser(sub) -> None:
     srv.add_argument("--uvicorn-log-level", default="info",
                      choices=["critical", "error", "warning", "info", "debug", "trace"])
     srv.add_argument("--disable-uvicorn-access-log", action="store_true")
+    srv.add_argument("--enable-log-requests", action="store_true",
+                     help="log one line when each request arrives (prompt tokens, sampling params) and one when it "
+                          "ends (as vLLM's flag; off by default)")
     _add_engine_args(srv, 0, "0 (default) as vLLM; a request's own `seed` makes its samples repeatable")
     srv.set_defaults(func=_serve)
 

@@ -10,7 +10,6 @@ Requests ending by length are known on the CPU and get no such extra work.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 
@@ -22,6 +21,7 @@ from atom_frontends.native.checkpoint_files import eos_token_ids, load_tokenizer
 from atom_frontends.native.detokenizer import Detokenizer
 from atom_frontends.native.engine_args import EngineArgs
 from atom_frontends.native.hooks import NATIVE
+from atom_frontends.native.input_checks import InputChecks
 from atom_frontends.native.kv_memory import default_kv_cache_bytes, format_size
 from atom_frontends.native.model_runner import ModelRunner
 from atom_frontends.native.request import CompletionOutput, Logprob, Request, RequestOutput, Status
@@ -51,12 +51,14 @@ class LLMEngine:
         overlap = envs.ATOM_OVERLAP_SCHEDULING if args.overlap_scheduling is None else args.overlap_scheduling
         self.overlap = on_gpu if overlap is None else overlap
         self._in_flight: tuple[list[Scheduled], StepOutput] | None = None  # overlap: launched, not read yet
-        self.tokenizer = load_tokenizer(args.model)
+        # skip_tokenizer_init: `atom-core serve`'s engine process, whose server tokenizes and detokenizes
+        self.tokenizer = None if args.skip_tokenizer_init else load_tokenizer(args.model)
         self.eos_token_ids = eos_token_ids(args.model, self.config.hf_config)
         self.vocab_size = self.config.hf_config.vocab_size
+        self.inputs = InputChecks(self.tokenizer, self.vocab_size, self.config.max_model_len)
         self._ids = itertools.count()
         self._groups: dict[str, list[Request]] = {}  # live request id → its n samples
-        self._aborted: list[RequestOutput] = []  # outputs of aborted requests, for the next step()
+        self._ended: list[RequestOutput] = []  # of requests ended between steps (abort, stop_sample): next step()
 
     def _num_kv_blocks(self) -> int:
         """Blocks of the KV cache, from the memory free now that the weights are loaded. When the user left
@@ -87,56 +89,15 @@ class LLMEngine:
         return blocks
 
     # ---- intake -------------------------------------------------------------------------------
-    def tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
-        if isinstance(prompt, str):
-            if not prompt:
-                raise ValueError("the prompt is empty: give at least one character or token")
-            if self.tokenizer is None:
-                raise ValueError("this checkpoint has no tokenizer: pass prompts as lists of token ids")
-            return prompt, list(self.tokenizer(prompt).input_ids)
-        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            return None, list(prompt)
-        raise TypeError(f"a prompt must be a str or a list of int token ids, got {type(prompt).__name__}")
-
-    def validate_prompt(self, ids: list[int]) -> None:
-        if not ids:
-            raise ValueError("the prompt is empty: give at least one token")
-        bad = [t for t in ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(f"prompt token id(s) {bad[:5]} outside the vocabulary [0, {self.vocab_size})")
-        if len(ids) >= self.config.max_model_len:
-            raise ValueError(
-                f"the prompt has {len(ids)} tokens but max_model_len={self.config.max_model_len} leaves no room to "
-                "generate; shorten the prompt or raise max_model_len"
-            )
-
-    def check_prompt(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
-        """(text, token ids) of a prompt the engine can serve; raises ValueError/TypeError otherwise."""
-        text, ids = self.tokenize(prompt)
-        self.validate_prompt(ids)
-        return text, ids
-
-    def check_params(self, params: SamplingParams | None) -> SamplingParams:
-        """A validated copy of params: the request keeps the copy, so changing params later cannot reach it."""
-        if params is None:
-            return SamplingParams()
-        if not isinstance(params, SamplingParams):
-            raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
-        params = dataclasses.replace(params)  # runs __post_init__, i.e. SamplingParams.validate()
-        if params.stop and self.tokenizer is None:
-            raise ValueError("SamplingParams.stop needs a tokenizer and this checkpoint has none; "
-                             "use stop_token_ids instead")
-        return params
-
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str | None = None) -> str:
         """Validate and queue one request; raises ValueError/TypeError without touching running ones."""
-        params = self.check_params(params)
-        return self.enqueue(*self.check_prompt(prompt), params, request_id)
+        params = self.inputs.check_params(params)
+        return self.enqueue(*self.inputs.check_prompt(prompt), params, request_id)
 
     def enqueue(self, text: str | None, ids: list[int], params: SamplingParams,
                 request_id: str | None = None, stream: bool = False) -> str:
-        """Queue a request whose prompt and params came out of check_prompt / check_params: its n samples
+        """Queue a request whose prompt and params came out of inputs.check_prompt / check_params: its n samples
         as n sequences; samples 1.. wait for sample 0's prefill and then share its prompt blocks.
         stream=True: its text is decoded as tokens come, and each of its outputs (current_output(), the final
         one) holds only the tokens and logprobs since the previous one, its prompt logprobs once complete."""
@@ -167,12 +128,12 @@ class LLMEngine:
 
     # ---- the loop ----------------------------------------------------------------------------
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished() or bool(self._aborted) or self._in_flight is not None
+        return self.scheduler.has_unfinished() or bool(self._ended) or self._in_flight is not None
 
     def step(self) -> list[RequestOutput]:
         """Run one batch; return the requests that finished in it (and those aborted since the last step).
         With overlap scheduling: launch one batch, then apply the one launched by the previous step()."""
-        finished, self._aborted = self._aborted, []
+        finished, self._ended = self._ended, []
         batch = self.scheduler.schedule()
         launched = (batch, self._launch(batch)) if batch else None
         if self.overlap:
@@ -298,5 +259,18 @@ class LLMEngine:
             self.scheduler.finish(req, "abort")
             if req.detokenizer is not None:
                 req.detokenizer.finish()
-        self._aborted.append(self._output(group))
+        self._ended.append(self._output(group))
+        return True
+
+    def stop_sample(self, request_id: str, index: int, stop: str) -> bool:
+        """End one sample at a stop string its caller found (an engine without a tokenizer cannot: the server
+        detokenizes) and free its blocks; when it was the request's last sample, the request's output comes out of
+        the next step(). False when that sample had already ended."""
+        group = self._groups.get(request_id)
+        if group is None or group[index].status is Status.FINISHED:
+            return False
+        self.scheduler.finish(group[index], "stop")
+        group[index].stop_reason = stop
+        if all(r.status is Status.FINISHED for r in group):
+            self._ended.append(self._output(group))
         return True

@@ -35,6 +35,9 @@ class EngineArgs:
     # Seed of the engine's sampling generator. 0 as in vLLM, so sampled output repeats from run to run;
     # None draws a fresh seed (SamplingParams.seed still seeds single requests).
     seed: int | None = 0
+    # No tokenizer in the engine (vLLM's option): prompts come as token ids, outputs carry no text and the caller
+    # finds stop strings (`atom-core serve`'s server process does).
+    skip_tokenizer_init: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_model_len", "num_kv_blocks", "kv_cache_memory"):

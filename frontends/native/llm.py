@@ -50,13 +50,13 @@ def render_chat(tokenizer, conversation, chat_template: str | None, add_generati
 def _checked_params(engine: LLMEngine, sampling_params, n: int) -> list[SamplingParams]:
     """One validated SamplingParams per prompt (sampling_params: one for all, or a list of n)."""
     if sampling_params is None or isinstance(sampling_params, SamplingParams):
-        return [_labelled("sampling_params", engine.check_params, sampling_params)] * n
+        return [_labelled("sampling_params", engine.inputs.check_params, sampling_params)] * n
     if not isinstance(sampling_params, (list, tuple)):
         raise TypeError("sampling_params must be a SamplingParams or a list of them (one per prompt), got "
                         f"{type(sampling_params).__name__}")
     if len(sampling_params) != n:
         raise ValueError(f"got {len(sampling_params)} SamplingParams for {n} prompts; pass one or one per prompt")
-    return [_labelled(f"sampling_params[{i}]", engine.check_params, sp) for i, sp in enumerate(sampling_params)]
+    return [_labelled(f"sampling_params[{i}]", engine.inputs.check_params, sp) for i, sp in enumerate(sampling_params)]
 
 
 class LLM:
@@ -75,7 +75,7 @@ class LLM:
         engine, prompts = self.engine, _prompt_list(prompts)
         # Check every SamplingParams and every prompt before queueing any: bad input leaves the engine clean.
         params = _checked_params(engine, sampling_params, len(prompts))
-        checked = [_labelled(f"prompt {i}", engine.check_prompt, p) for i, p in enumerate(prompts)]
+        checked = [_labelled(f"prompt {i}", engine.inputs.check_prompt, p) for i, p in enumerate(prompts)]
         return self._run(checked, params, use_tqdm)
 
     def chat(self, messages: list[dict] | list[list[dict]],
@@ -95,7 +95,7 @@ class LLM:
                               add_generation_prompt, chat_template_kwargs or {})
                     for i, conv in enumerate(conversations)]
         for i, (_, ids) in enumerate(rendered):
-            _labelled(f"conversation {i}", engine.validate_prompt, ids)
+            _labelled(f"conversation {i}", engine.inputs.validate_prompt, ids)
         return self._run(rendered, params, use_tqdm)
 
     def _run(self, checked: list[tuple[str | None, list[int]]], params: list[SamplingParams],

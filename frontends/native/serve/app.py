@@ -1,10 +1,10 @@
 """The OpenAI-compatible FastAPI app over an AsyncLLMEngine.
 
 Routes: POST /v1/completions, POST /v1/chat/completions (JSON, or server-sent events with stream=true),
-GET /v1/models, GET /health, GET /stats (the engine's KV blocks, sequences, aborts: JSON). Errors are OpenAI's
-shape: 400 for a request that cannot be served (bad values, malformed JSON, unknown model, prompt too long),
-503 when the engine is full or stopping. A client that goes away aborts its requests (their KV blocks are
-freed at once).
+GET /v1/models, GET /health, GET /stats (the engine's KV blocks, sequences, aborts: JSON), GET /metrics
+(Prometheus). Errors are OpenAI's shape: 400 for a request that cannot be served (bad values, malformed JSON,
+unknown model, prompt too long), 503 when the engine is full, stopping or dead. A client that goes away
+aborts its requests (their KV blocks are freed at once).
 """
 
 from __future__ import annotations
@@ -18,10 +18,13 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from atom_frontends.native.async_engine import AsyncLLMEngine, EngineStoppedError, QueueFullError, RequestStream
+from atom_frontends.native.async_engine import AsyncLLMEngine, EngineStoppedError, QueueFullError
 from atom_frontends.native.request import RequestOutput
+from atom_frontends.native.request_stream import RequestStream
 from atom_frontends.native.sampling_params import SamplingParams
+from atom_frontends.native.serve.metrics import Metrics, RequestLog
 from atom_frontends.native.serve.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -114,7 +117,7 @@ async def _until_disconnect(request: Request, work):
 class OpenAIServer:
     def __init__(self, engine: AsyncLLMEngine, served_model_names: list[str], model_path: str) -> None:
         self.engine, self.names, self.model_path = engine, served_model_names, model_path
-        self.max_model_len = engine.engine.config.max_model_len
+        self.max_model_len = engine.max_model_len
         self.created = int(time.time())
 
     def check_model(self, name: str) -> None:
@@ -187,9 +190,12 @@ class OpenAIServer:
 
 
 def build_app(engine: AsyncLLMEngine, served_model_names: list[str], model_path: str,
-              shutdown_timeout: float = 5.0) -> FastAPI:
-    """The app; its lifespan starts the engine thread and, at shutdown, aborts what is left and stops it."""
+              shutdown_timeout: float = 5.0, log_requests: bool = False) -> FastAPI:
+    """The app; its lifespan starts taking the engine's news and, at shutdown, stops the engine process (it
+    aborts what is left)."""
     server = OpenAIServer(engine, served_model_names, model_path)
+    metrics = Metrics(served_model_names[0])
+    engine.observers += [metrics, RequestLog()] if log_requests else [metrics]
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -224,8 +230,12 @@ def build_app(engine: AsyncLLMEngine, served_model_names: list[str], model_path:
 
     @app.get("/stats")
     async def stats() -> dict:
-        """The engine thread's last snapshot: KV blocks (total, free), sequences running / waiting, live and
-        aborted requests, preemptions."""
+        """The engine's snapshot after its last step: KV blocks (total, free), sequences running / waiting,
+        live and aborted requests, preemptions; the engine process's pid."""
         return dict(engine.stats)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app

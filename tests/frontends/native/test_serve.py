@@ -7,6 +7,7 @@ compared, not only text (the fixture's byte-level tokenizer decodes many bytes a
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -262,11 +263,19 @@ def test_queue_bound_gives_503(small_server):
     assert client.completions.create(model="tiny", prompt=PROMPTS[1], max_tokens=4).choices[0].finish_reason
 
 
-def test_sigterm_shuts_down_cleanly(small_server):
-    stream = small_server.client().completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=3000,
-                                                      temperature=0, stream=True, extra_body={"ignore_eos": True})
+def test_sigterm_drains_and_shuts_down_cleanly(small_server, ckpt, tok):
+    """SIGTERM: a short answer in flight is finished (transformers' greedy tokens), a long stream is cut after the
+    grace period, the engine process stops, exit status 0."""
+    client = small_server.client()
+    stream = client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=3000, temperature=0,
+                                       stream=True, extra_body={"ignore_eos": True})
     chunks = iter(stream)
     next(chunks)
+    short = ThreadPoolExecutor(1).submit(client.completions.create, model="tiny", prompt=PROMPTS[2], max_tokens=16,
+                                         temperature=0, logprobs=0, extra_body=AS_IDS)
+    while small_server.stats()["num_requests"] < 2 and not short.done():
+        time.sleep(0.05)
+    engine = small_server.stats()["engine_pid"]
     ended = threading.Event()
 
     def drain() -> None:
@@ -279,5 +288,8 @@ def test_sigterm_shuts_down_cleanly(small_server):
 
     threading.Thread(target=drain, daemon=True).start()
     assert small_server.terminate() == 0
+    assert _ids(short.result().choices[0].logprobs.tokens) == hf_greedy(ckpt, [tok(PROMPTS[2]).input_ids], 16)[0]
     assert ended.wait(30)
     assert "Finished server process" in small_server.output()
+    with pytest.raises(ProcessLookupError):  # the engine process is gone too
+        os.kill(engine, 0)
