@@ -31,13 +31,13 @@ SUPPORTED = ("fp8 (e4m3, block / per-tensor weight scales, dynamic or static act
 class Fp8Scheme:
     """FP8 e4m3 weights of every linear layer and MoE expert the checkpoint does not list in `ignored`.
 
-    weight_block: (rows, cols) one weight scale covers; None: one per output channel (per_tensor: one per tensor).
+    weight_block: (rows, cols) one weight scale covers; None: one per output channel or one per tensor (the
+    checkpoint's scale shapes say which: atom_core.layers.fp8.expand_scale).
     activation: "group" (dynamic, per token and act_group columns), "token" (dynamic per token), "static"
     (per-tensor `input_scale` tensors) or None (weights only)."""
 
     method: str
     weight_block: tuple[int, int] | None
-    per_tensor: bool
     activation: str | None
     act_group: int = 0
     ignored: tuple[str, ...] = ()
@@ -120,8 +120,8 @@ def _fp8_method(quant: dict) -> Fp8Scheme:
         raise ValueError("fp8 with weight_block_size and static activations is not supported (supported: dynamic)")
     ignored = tuple(quant.get("modules_to_not_convert") or quant.get("ignored_layers") or ())
     if block is None:
-        return Fp8Scheme("fp8", None, True, "static" if scheme == "static" else "token", ignored=ignored)
-    return Fp8Scheme("fp8", (int(block[0]), int(block[1])), False, "group", int(block[1]), ignored)
+        return Fp8Scheme("fp8", None, "static" if scheme == "static" else "token", ignored=ignored)
+    return Fp8Scheme("fp8", (int(block[0]), int(block[1])), "group", int(block[1]), ignored)
 
 
 def _compressed_tensors(quant: dict) -> Fp8Scheme:
@@ -144,7 +144,7 @@ def _compressed_tensors(quant: dict) -> Fp8Scheme:
                          "tensor, block)")
     block = tuple(weights.get("block_structure") or ()) if strategy == "block" else None
     activation, act_group = _ct_activations(inputs)
-    return Fp8Scheme("compressed-tensors", block, strategy == "tensor", activation, act_group,
+    return Fp8Scheme("compressed-tensors", block, activation, act_group,
                      tuple(quant.get("ignore") or ()))
 
 

@@ -44,10 +44,10 @@ def test_fp8_block_format_as_released():
     cfg = _quantized(FORMATS["block"])
     for host in (None, _HostQuant("fp8")):
         precision = checkpoint_precision(cfg, torch.bfloat16, "auto", host_quantization=host)
-        assert precision == Precision("auto", Fp8Scheme("fp8", (128, 128), False, "group", 128))
+        assert precision == Precision("auto", Fp8Scheme("fp8", (128, 128), "group", 128))
     cfg = _quantized({"quant_method": "fp8", "activation_scheme": "static", "modules_to_not_convert": ["lm_head"]})
     assert checkpoint_precision(cfg, torch.float32, "fp8").quantization == Fp8Scheme(
-        "fp8", None, True, "static", 0, ("lm_head",))
+        "fp8", None, "static", 0, ("lm_head",))
 
 
 def test_compressed_tensors_fp8():
@@ -55,10 +55,10 @@ def test_compressed_tensors_fp8():
 
     scheme = checkpoint_precision(_quantized(FORMATS["channel"]), torch.bfloat16, None,
                                   host_quantization=_HostQuant("compressed-tensors")).quantization
-    assert scheme == Fp8Scheme("compressed-tensors", None, False, "token", 0, ("lm_head",))
+    assert scheme == Fp8Scheme("compressed-tensors", None, "token", 0, ("lm_head",))
     assert checkpoint_precision(_quantized(FORMATS["static"]), torch.bfloat16, None).quantization.activation == "static"
     assert scheme.is_ignored(["lm_head"]) and not scheme.is_ignored(["model.layers.0.mlp.down_proj"])
-    assert Fp8Scheme("compressed-tensors", None, False, None, ignored=("re:.*mlp\\.gate$",)).is_ignored(
+    assert Fp8Scheme("compressed-tensors", None, None, ignored=("re:.*mlp\\.gate$",)).is_ignored(
         ["model.layers.3.mlp.gate"])
 
 
