@@ -44,7 +44,7 @@ def worker(path: str, side: str, batch: int, prompt_len: int, new_tokens: int, r
     t0 = time.perf_counter()
     engine = sglang.Engine(model_path=path, device="cpu", dtype="float32", attention_backend=SIDES[side][1],
                            skip_tokenizer_init=True, disable_cuda_graph=True, disable_radix_cache=True,
-                           mem_fraction_static=0.05, max_total_tokens=batch * (prompt_len + new_tokens) + 256,
+                           mem_fraction_static=0.25, max_total_tokens=batch * (prompt_len + new_tokens) + 256,
                            max_running_requests=batch, log_level="error")
     startup = time.perf_counter() - t0
     greedy = dict(temperature=0.0, ignore_eos=True)

@@ -35,7 +35,7 @@ def test_sglang_openai_server_chat_equals_transformers(smollm2, smollm2_converte
     port = free_port()
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(path), "--port", str(port),
            "--host", "127.0.0.1", "--served-model-name", "smollm2", "--device", "cpu", "--dtype", "float32",
-           "--attention-backend", "atom", "--mem-fraction-static", "0.05", "--max-total-tokens", "4096",
+           "--attention-backend", "atom", "--mem-fraction-static", "0.25", "--max-total-tokens", "4096",
            "--max-running-requests", "8", "--disable-cuda-graph", "--context-length", "512"]
     with server(cmd, port, tmp_path, {"SGLANG_EXTERNAL_MODEL_PACKAGE": "atom_frontends.sglang.models"}) as url:
         texts = greedy_chats(url, "smollm2", CHATS, NEW_TOKENS)
