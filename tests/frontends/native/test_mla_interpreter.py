@@ -5,7 +5,7 @@ The kernels are registered as the dispatcher's "provided" backend for the CPU, s
 would run the torch reference; the decode kernel then reads its pages from the step's MLA decode metadata, made
 in the InputBuilder's persistent buffers (switch on) or by the kernels each step (switch off). Scenarios from
 test_parity: plain batched prompts, and chunked prefill (steps mixing prefill chunks with decodes, so both
-kernels and their routing run in one step). A subprocess: TRITON_INTERPRET is read when triton is imported.
+kernels and their routing run in one step); the rebuilt path runs the latter only. A subprocess: TRITON_INTERPRET is read when triton is imported.
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ def run_scenarios(path: str, persistent: bool) -> None:
         built.append(self.mla_buffers is not None)
 
     inputs.InputBuilder.__init__ = record
-    for scenario in (scenarios.plain, scenarios.chunked_prefill):
+    # chunked prefill mixes prefill chunks with decodes: the rebuilt-metadata path needs no more (CI time)
+    for scenario in (scenarios.plain, scenarios.chunked_prefill) if persistent else (scenarios.chunked_prefill,):
         ours, want = scenario(lambda arch, **kw: path, ("DeepseekV3ForCausalLM", {}))
         assert ours == want, f"{scenario.__name__}: ours {ours} != transformers {want}"
     assert built and all(b == persistent for b in built), built
