@@ -153,6 +153,10 @@ def _check(hidden, w13, w2, w13_scale, w2_scale, topk_weights, topk_ids, block_k
     check(block_k >= 1 and act_group >= 0, f"fp8_fused_moe: need block_k >= 1 and act_group >= 0, got {block_k}, "
                                            f"{act_group}")
     (e, two_i, h), i = w13.shape, w2.shape[2]
+    for name, group in (("block_k", block_k), ("act_group", act_group)):
+        check(group % 16 == 0 or group >= max(h, i),
+              f"fp8_fused_moe: {name}={group} must be a multiple of 16 or cover all of K (hidden {h}, "
+              f"intermediate {i}): the kernels' K tiles lie inside one scale block")
     for name, s, shape in (("w13_scale", w13_scale, (e, two_i, -(-h // block_k))),
                            ("w2_scale", w2_scale, (e, h, -(-i // block_k)))):
         check(s.dtype == torch.float32 and tuple(s.shape) == shape and s.stride(-1) == 1,
@@ -160,10 +164,6 @@ def _check(hidden, w13, w2, w13_scale, w2_scale, topk_weights, topk_ids, block_k
               f"{s.dtype} {tuple(s.shape)} strides {s.stride()}")
     check(w13.stride(-1) == 1 and w2.stride(-1) == 1,
           f"fp8_fused_moe: w13 and w2 need a contiguous last dim, got strides {w13.stride()}, {w2.stride()}")
-    for name, group in (("block_k", block_k), ("act_group", act_group)):
-        check(group % 16 == 0 or group >= max(h, i),
-              f"fp8_fused_moe: {name}={group} must be a multiple of 16 or cover all of K (hidden {h}, "
-              f"intermediate {i}): the kernels' K tiles lie inside one scale block")
     check_same_device(hidden=hidden, w13=w13, w2=w2, w13_scale=w13_scale, w2_scale=w2_scale,
                       topk_weights=topk_weights, topk_ids=topk_ids)
     check(hidden.stride(-1) == 1, f"fp8_fused_moe: hidden needs a contiguous last dim, got strides {hidden.stride()}")
