@@ -20,11 +20,17 @@ gpu_times (CUDA events, a warm-up call, interleaved rounds, L2 flushed by a read
 implementations that sync with the CPU (reference, hf eager) are timed by the wall clock between syncs instead
 (their times include those syncs). Goals: >= 0.6 of copy bandwidth at 1 and 32 tokens, >= 300 TFLOP/s at 4096.
 
-    python benchmarks/moe.py [--check] [--sweep] [--profile] [--out FILE]
+    python benchmarks/moe.py [--check] [--sweep] [--profile] [--fp8] [--out FILE]
 
 --check first compares ours with the reference and with transformers' block (outside code) at every token count
 and stops on a mismatch. --sweep also times a few other tile configs per token count (to tune moe_config).
 --profile prints, per token count, the GPU time of each kernel of one call of ours (torch.profiler, mean of 20).
+--fp8 adds the block's experts in e4m3 with 128x128 block scales (quantized as the FP8 releases are) and the rows
+  ours fp8 [weights-only] [, CUDA graph]  atom_kernels' Triton fp8_fused_moe, activations quantized per token and
+                                          128 columns (the releases' scheme) or not at all
+  vllm fp8                                vLLM's Triton fused_experts on the same fp8 experts, where vllm imports
+whose bandwidth counts e4m3 bytes plus atom-core's scales (4 bytes per 128 weights per row); --check then also
+compares ours fp8 with the fp8 torch reference. A last table compares them with ours in bf16.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from transformers.models.qwen3_moe import modeling_qwen3_moe as qm
 
 from atom_kernels import reference
 from atom_kernels.triton.moe import fused_moe, moe_config
+from atom_kernels.triton.moe.fp8 import fp8_fused_moe
 
 H, E, K, INTER = 2048, 128, 8, 768
 TOKENS = (1, 32, 256, 4096)
@@ -97,7 +104,31 @@ def graphed(fn):
     return graph.replay
 
 
-def implementations(block, x):
+def fp8_experts(block) -> tuple:
+    """The block's experts block-quantized: (w13, w2 e4m3, their [E, N/128, K/128] scales, the same in our rows)."""
+    from fp8_peers import block_quantize, rows_layout
+
+    (w13, s13), (w2, s2) = (block_quantize(w.detach()) for w in (block.experts.gate_up_proj, block.experts.down_proj))
+    return w13, w2, s13, s2, rows_layout(s13, 2 * INTER), rows_layout(s2, H)
+
+
+def fp8_rows(x, weights, ids, fp8) -> dict:
+    from fp8_peers import vllm_fp8_fused_moe
+
+    w13, w2, s13, s2, s13_rows, s2_rows = fp8
+    rows = {f"ours fp8{name}": lambda group=group: fp8_fused_moe(x, w13, w2, s13_rows, s2_rows, weights, ids, 128,
+                                                                 group)
+            for name, group in (("", 128), (" weights-only", 0))}
+    rows["ours fp8, CUDA graph"] = graphed(rows["ours fp8"])
+    rows["fp8 torch reference"] = lambda: reference.fp8_fused_moe(x, w13, w2, s13_rows, s2_rows, weights, ids, 128, 128)
+    vllm_moe, _ = vllm_fp8_fused_moe()
+    if vllm_moe is not None:
+        ids32, weights32 = ids.to(torch.int32), weights.float()
+        rows["vllm fp8"] = lambda: vllm_moe(x, w13, w2, s13, s2, weights32, ids32)
+    return rows
+
+
+def implementations(block, x, fp8=None):
     _, weights, ids = block.gate(x)  # transformers' routing: weights [T, K] bf16, ids [T, K] int64
     w13, w2 = block.experts.gate_up_proj.detach(), block.experts.down_proj.detach()
 
@@ -114,27 +145,31 @@ def implementations(block, x):
         "ours + hf router": ours_with_router,
         "hf block eager": lambda: run_block(block, x, None),
         "hf block grouped_mm": lambda: run_block(block, x, "grouped_mm"),
-    }
+    } | (fp8_rows(x, weights, ids, fp8) if fp8 else {})
 
 
-def check(block, say) -> bool:
+def check(block, say, fp8) -> bool:
     """Ours vs the reference and vs transformers' block (eager) at every token count; bf16 test tolerance."""
     ok = True
     for t in TOKENS:
         x = torch.randn(t, H, device="cuda", dtype=torch.bfloat16)
-        ids, fns = implementations(block, x)
-        got = fns["ours"]().float()
-        for peer in ("torch reference", "hf block eager"):
-            want = fns[peer]().float()
+        ids, fns = implementations(block, x, fp8)
+        pairs = [("ours", "torch reference"), ("ours", "hf block eager")]
+        pairs += [("ours fp8", "fp8 torch reference"), ("ours fp8", "vllm fp8")] if fp8 else []
+        for ours, peer in pairs:
+            if peer not in fns:
+                continue
+            got, want = fns[ours]().float(), fns[peer]().float()
             err = (got - want).abs().max().item()
             bad = not torch.allclose(got, want, rtol=3e-2, atol=3e-2)
             ok &= not bad
-            say(f"check T={t:5d}: max|ours - {peer}| = {err:.3e} (|{peer}| max {want.abs().max().item():.2f})"
+            say(f"check T={t:5d}: max|{ours} - {peer}| = {err:.3e} (|{peer}| max {want.abs().max().item():.2f})"
                 + ("  MISMATCH" if bad else ""))
     return ok
 
 
-CPU_SYNCING = ("torch reference", "hf experts eager", "hf block eager")  # they read routing counts on the CPU
+# they read routing counts on the CPU
+CPU_SYNCING = ("torch reference", "fp8 torch reference", "hf experts eager", "hf block eager")
 
 
 def wall_times(fn, rounds: int = ROUNDS, reps: int = 3) -> list[float]:
@@ -184,6 +219,7 @@ def main() -> int:
     parser.add_argument("--check", action="store_true")
     parser.add_argument("--sweep", action="store_true")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--fp8", action="store_true", help="also time the experts in fp8 (see the module doc)")
     parser.add_argument("--tokens", type=int, nargs="+", default=TOKENS, help="token counts (default: all four)")
     report = Report("moe", parser)
     say = report.say
@@ -193,7 +229,8 @@ def main() -> int:
     say(f"Qwen3-30B-A3B-shaped layer: hidden {H}, {E} experts, top-{K}, expert intermediate {INTER}, bf16; "
         f"median of {ROUNDS} rounds x {REPS} launches, L2 flushed before each")
     block = make_block()
-    if args.check and not check(block, say):
+    fp8 = fp8_experts(block) if args.fp8 else None
+    if args.check and not check(block, say, fp8):
         say("--check failed: no timings")
         return 1
     copy_bw = copy_bandwidth()
@@ -201,12 +238,12 @@ def main() -> int:
     rows = []
     for t in args.tokens:
         x = torch.randn(t, H, device="cuda", dtype=torch.bfloat16)
-        ids, fns = implementations(block, x)
+        ids, fns = implementations(block, x, fp8)
         touched = ids.unique().numel() * 3 * H * INTER * 2
         flops = 2 * t * K * 3 * H * INTER
         # Peers that sync with the CPU every call: wall-clock time (gpu_times queues GPU sleeps ahead of launches,
         # which a device sync then waits out, growing 4x a round: > 5 minutes per token count on the H100).
-        syncing = {name: fns.pop(name) for name in CPU_SYNCING}
+        syncing = {name: fns.pop(name) for name in CPU_SYNCING if name in fns}
         timed, failed = gpu_times(fns, ROUNDS, REPS)
         timed.update({name: wall_times(fn) for name, fn in syncing.items()})
         say(f"\nT={t}: {touched / 1e6:.0f} MB of expert weights touched ({touched // (3 * H * INTER * 2)} experts), "
@@ -216,7 +253,8 @@ def main() -> int:
         med = {}
         for name, ts in timed.items():
             med[name], lo, hi = summary(ts, ROUNDS)
-            say(f"  {name:24s} {med[name] * 1e3:10.1f} us  {touched / (med[name] * 1e-3) / copy_bw:5.2f} of copy bw  "
+            nbytes = touched / 2 * (1 + 4 / 128) if "fp8" in name else touched  # e4m3 + our scales
+            say(f"  {name:24s} {med[name] * 1e3:10.1f} us  {nbytes / (med[name] * 1e-3) / copy_bw:5.2f} of copy bw  "
                 f"{flops / (med[name] * 1e-3) / 1e12:6.1f} TFLOP/s   rounds {lo * 1e3:.1f}..{hi * 1e3:.1f} us")
         if args.profile:
             kernels = kernel_profile(fns["ours"])
@@ -246,6 +284,14 @@ def main() -> int:
             f"{ratio['torch reference']:10.3f} {ratio['hf experts eager']:14.3f} "
             f"{ratio['hf experts grouped_mm']:19.3f} {blk:20.3f}")
     say("(ratios are time ours / time peer: below 1 means ours is faster)")
+    if fp8:
+        say("\n    T  ours fp8 us  fp8 bw frac  ours fp8/ours bf16  ours fp8/vllm fp8  weights-only us  fp8 graph us")
+        for t, med, touched, _ in rows:
+            f = med.get("ours fp8", float("nan"))
+            say(f"{t:5d} {f * 1e3:12.1f} {touched / 2 * (1 + 4 / 128) / (f * 1e-3) / copy_bw:12.2f} "
+                f"{f / med.get('ours', float('nan')):19.3f} {f / med.get('vllm fp8', float('nan')):18.3f} "
+                f"{med.get('ours fp8 weights-only', float('nan')) * 1e3:16.1f} "
+                f"{med.get('ours fp8, CUDA graph', float('nan')) * 1e3:13.1f}")
     report.save(args.out)
     return 0
 

@@ -68,6 +68,7 @@ _TRITON = {
     "silu_and_mul_linear": "fused_linear:silu_and_mul_linear",
     "sample_tokens": "sampling:sample_tokens",
     "fp8_linear": "fp8_linear:fp8_linear",  # the fp8 block format; other schemes run the reference inside
+    "fp8_fused_moe": "moe.fp8:fp8_fused_moe",
 }
 # The CPU kernels (atom_kernels/cpu/<module>.py), for the ops where fewer torch calls than the reference pay.
 _CPU = {

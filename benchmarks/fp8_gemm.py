@@ -1,0 +1,182 @@
+"""Block-scaled FP8 GEMM (the fp8 checkpoints' linear layers) vs its peers, same run: time, TFLOP/s, weight GB/s.
+
+Shapes: the linear layers of DeepSeek-V3 (MLA projections, the dense MLP of its first layers, the shared expert) and
+Qwen3-30B-A3B (attention; one expert's GEMMs), N x K unsharded, at M = 1, 32, 256, 4096 rows; bf16 in and out,
+e4m3 weights with 128x128 block scales (random, std 1/sqrt(K), quantized as the releases do), activations quantized
+per token and 128 columns. Every row is a whole linear as a layer runs it (activation quantization + GEMM):
+  ours             atom_kernels.fp8_linear on CUDA (the dispatcher's kernels/triton/fp8_linear.py)
+  scaled_mm block  torch's blockwise scaled GEMM (1x128 x 128x128 scales) where this torch build has it (probed on
+                   a small problem first; the header says which spelling or why none), activations quantized by
+                   atom_kernels.reference.fp8.fp8_quantize
+  scaled_mm row    torch._scaled_mm rowwise: per-token activation and per-channel weight scales (the per-channel
+                   format, same weight bytes)
+  vllm triton      vLLM's per_token_group_quant_fp8 + w8a8_triton_block_scaled_mm   (when vllm imports)
+  vllm cutlass     vLLM's per_token_group_quant_fp8 + cutlass_scaled_mm with block scales (its Hopper default)
+  quantize only    the activation quantization alone: the reference ours uses now, and fp8_quantize_rows (Triton)
+Every output is first compared with float32 on its own dequantized operands (err = max |y - y32| / max |y32|);
+one beyond 3e-2 is marked WRONG and not ranked. GB/s: weight bytes (e4m3 + float32 scales) / time; "of copy": that
+over the device copy bandwidth measured in the same run. Timing: common's gpu_times (CUDA events, interleaved
+rounds, L2 flushed before every launch, median). The summary table ends with ours' speed over the fastest peer's
+(time peer / time ours: > 1 means ours is faster); the ratio line gives the worst shape. Needs a CUDA GPU.
+
+    python benchmarks/fp8_gemm.py [--models dsv3 qwen3-30b-a3b] [--m 1 32 256 4096] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+
+import torch
+from common import Report, copy_bandwidth, gpu_times, ratio_line, summary
+from fp8_peers import (
+    BLOCK,
+    block_quantize,
+    dequantize,
+    rows_layout,
+    rowwise_quantize,
+    torch_blockwise_mm,
+    vllm_block_gemms,
+)
+
+import atom_kernels
+from atom_kernels import dispatch
+from atom_kernels.reference.fp8 import fp8_dequantize, fp8_quantize
+from atom_kernels.triton.fp8_quant import fp8_quantize_rows
+
+SHAPES = {  # layer → (N, K)
+    "dsv3": {"fused_qkv_a": (2112, 7168), "q_b": (24576, 1536), "o": (7168, 16384), "mlp gate_up": (36864, 7168),
+             "mlp down": (7168, 18432), "shared gate_up": (4096, 7168), "shared down": (7168, 2048)},
+    "qwen3-30b-a3b": {"qkv": (5120, 2048), "o": (2048, 4096), "expert gate_up": (1536, 2048),
+                      "expert down": (2048, 768)},
+}
+ROWS = (1, 32, 256, 4096)
+ROUNDS, REPS = 3, 10
+TOL = 3e-2
+INFO = ("quantize: reference", "quantize: triton")  # timed, never ranked
+
+
+def rowwise_mm(x, wq, ws):
+    """torch._scaled_mm rowwise with the per-token activation quantization in torch ops."""
+    xq, xs = rowwise_quantize(x)
+    return torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws.t(), out_dtype=torch.bfloat16)
+
+
+def implementations(x, w, peers) -> tuple[dict, dict]:
+    """({name: fn}, {name: float32 result on the operands it dequantizes}) for one shape and M."""
+    wq, ws = block_quantize(w)
+    wq_r, ws_r = rowwise_quantize(w)
+    ws_rows = rows_layout(ws, w.shape[0])
+    xq, xs = fp8_quantize(x, BLOCK)
+    block_want = fp8_dequantize(xq, xs, BLOCK) @ dequantize(wq, ws).t()
+    xq_r, xs_r = rowwise_quantize(x)
+    row_want = (xq_r.float() * xs_r) @ (wq_r.float() * ws_r).t()
+    fns = {"ours": functools.partial(atom_kernels.fp8_linear, x, wq, ws_rows, BLOCK, BLOCK)}
+    if peers["scaled_mm block"] is not None:
+        blockwise = peers["scaled_mm block"]
+        fns["scaled_mm block"] = lambda: blockwise(*fp8_quantize(x, BLOCK), wq, ws)
+    fns["scaled_mm row"] = functools.partial(rowwise_mm, x, wq_r, ws_r)
+    for name, fn in peers["vllm"].items():
+        fns[name] = functools.partial(fn, x, wq, ws)
+    fns["quantize: reference"] = functools.partial(fp8_quantize, x, BLOCK)
+    fns["quantize: triton"] = functools.partial(fp8_quantize_rows, x, BLOCK)
+    wants = {name: row_want if name == "scaled_mm row" else block_want for name in fns if name not in INFO}
+    return fns, wants
+
+
+def errors(fns: dict, wants: dict) -> dict:
+    out = {}
+    for name, want in wants.items():
+        try:
+            out[name] = ((fns[name]().float() - want).abs().max() / want.abs().max()).item()
+        except Exception as e:  # noqa: BLE001 - reported in the table
+            out[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:80]}"
+    return out
+
+
+def run_case(say, model, layer, n, k, m, peers, copy_bw):
+    g = torch.Generator(device="cuda").manual_seed(m + n + k)
+    w = torch.randn(n, k, device="cuda", generator=g) * k**-0.5
+    x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
+    fns, wants = implementations(x, w, peers)
+    del w
+    err = errors(fns, wants)
+    del wants
+    live = {name: fn for name, fn in fns.items() if name in INFO or isinstance(err[name], float)}
+    times, failed = gpu_times(live, ROUNDS, REPS)
+    weight_bytes, flops = n * k + 4 * n * -(-k // 128), 2 * m * n * k
+    say(f"\n{model} {layer} {n} x {k}, M = {m}:")
+    med = {}
+    for name in fns:
+        if name not in times:
+            say(f"  {name:16s} failed: {failed.get(name) or err.get(name)}")
+            continue
+        med[name], lo, hi = summary(times[name], ROUNDS)
+        t = med[name] * 1e-3
+        bad = name not in INFO and err[name] > TOL
+        e = "" if name in INFO else f"err {err[name]:.1e}" + ("  WRONG" if bad else "")
+        say(f"  {name:16s} {med[name] * 1e3:9.1f} us  {flops / t / 1e12:7.1f} TFLOP/s  {weight_bytes / t / 1e9:6.0f} "
+            f"GB/s  {weight_bytes / t / copy_bw:5.2f} of copy  {e:22s} rounds {lo * 1e3:.1f}..{hi * 1e3:.1f}")
+        if bad:
+            med.pop(name)
+    return med, weight_bytes, flops
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", choices=sorted(SHAPES), default=list(SHAPES))
+    parser.add_argument("--m", type=int, nargs="+", default=ROWS, help="rows (tokens) per GEMM")
+    report = Report("fp8_gemm", parser)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("benchmarks/fp8_gemm.py times CUDA kernels and found no GPU (torch.cuda.is_available() is False); "
+              "run it on a CUDA machine (see docs/fp8.md)", file=sys.stderr)
+        return 2
+    say = report.say
+    say(report.header())
+    blockwise, note = torch_blockwise_mm()
+    say(f"scaled_mm block: {note if blockwise else 'not supported by this torch build: ' + note}")
+    vllm_fns, vllm_note = vllm_block_gemms()
+    say(f"vllm: {vllm_note}; ours: atom_kernels.fp8_linear runs the "
+        f"{dispatch.backend('fp8_linear', torch.device('cuda'))} backend")
+    peers = {"scaled_mm block": blockwise, "vllm": vllm_fns}
+    copy_bw = copy_bandwidth()
+    say(f"device copy bandwidth: {copy_bw / 1e9:.0f} GB/s; median of {ROUNDS} rounds x {REPS} launches")
+    rows = []
+    for model in args.models:
+        for layer, (n, k) in SHAPES[model].items():
+            for m in args.m:
+                med, weight_bytes, flops = run_case(say, model, layer, n, k, m, peers, copy_bw)
+                rows.append((model, layer, n, k, m, med, weight_bytes, flops))
+                torch.cuda.empty_cache()
+    summary_table(say, rows, copy_bw)
+    report.save(args.out)
+    return 0
+
+
+def summary_table(say, rows, copy_bw) -> None:
+    say(f"\n{'model':14s} {'layer':15s} {'N x K':>13s} {'M':>5s} {'ours us':>9s} {'TFLOP/s':>8s} {'GB/s':>6s} "
+        f"{'of copy':>7s} {'fastest peer':>16s} {'peer us':>9s} {'ours/fastest':>12s}")
+    worst = None
+    for model, layer, n, k, m, med, weight_bytes, flops in rows:
+        ranked = {name: t for name, t in med.items() if name not in INFO and name != "ours"}
+        ours = med.get("ours")
+        if ours is None or not ranked:
+            say(f"{model:14s} {layer:15s} {n:>6d} x {k:<6d} {m:>5d}  (ours or every peer missing)")
+            continue
+        peer = min(ranked, key=ranked.get)
+        speed = ranked[peer] / ours
+        if worst is None or speed < worst[0]:
+            worst = (speed, f"{model} {layer} M={m}", ranked[peer], ours)
+        t = ours * 1e-3
+        say(f"{model:14s} {layer:15s} {n:>6d} x {k:<6d} {m:>5d} {ours * 1e3:9.1f} {flops / t / 1e12:8.1f} "
+            f"{weight_bytes / t / 1e9:6.0f} {weight_bytes / t / copy_bw:7.2f} {peer:>16s} {ranked[peer] * 1e3:9.1f} "
+            f"{speed:12.2f}")
+    if worst:
+        say(ratio_line(f"fp8 GEMM speed ours/fastest peer, worst shape ({worst[1]})", worst[2], worst[3],
+                       " (> 1: ours faster; goal >= 0.9 everywhere)"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""Per-token-group e4m3 activation quantization in Triton, bit-equal to atom_kernels.reference.fp8.fp8_quantize.
+
+The reference: scale = max(amax(group), 1e-10) / 448, q = e4m3(clamp(x / scale, -448, 448)), rounded to nearest
+even. Two details make a kernel give the same bits:
+  - IEEE division (tl.math.div_rn): Triton's `/` on fp32 is the approximate div.full.f32 on NVIDIA GPUs;
+  - the rounding to e4m3 is done here in fp32 arithmetic (e4m3_round), so the cast only ever sees values e4m3
+    holds exactly: then any conversion gives the same bits. (Triton 3.6's CPU interpreter converts fp32 to e4m3
+    wrongly, e.g. 1.95 -> 1.0, 17 -> 18; hardware casts are RNE, so on a GPU this only costs a few ALU ops.)
+
+fake_quant_rows (quantize then dequantize a register tile whose rows are each one group) is what the MoE GEMV
+kernels use to quantize their activation tile in place; fp8_quantize_rows is the standalone kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from atom_kernels.triton._utils import check, pdl, pdl_prologue
+
+FP8_MAX = tl.constexpr(448.0)
+MIN_SCALE_AMAX = tl.constexpr(1e-10)  # as the reference: an all-zero group gets a tiny scale
+
+
+@triton.jit
+def e4m3_round(v):
+    """v fp32 with |v| <= 448 → v rounded to the nearest e4m3 value (ties to even), still fp32.
+    e4m3 keeps 3 mantissa bits and its smallest normal exponent is -6 (below: subnormals, steps of 2^-9), so the
+    step at v is 2^(max(exponent(v), -6) - 3). Adding then subtracting M = 1.5 * 2^(step exponent + 23) makes the
+    fp32 adder round v to a multiple of that step, ties to even (|v| < 2^(step exponent + 22) always holds)."""
+    exp = ((v.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    step_exp = tl.maximum(exp, -6) - 3
+    magic = (((step_exp + 150) << 23) | (1 << 22)).to(tl.float32, bitcast=True)
+    return (v + magic) - magic
+
+
+@triton.jit
+def group_scale(amax):
+    """The reference's scale for a group's amax (fp32): max(amax, 1e-10) / 448, IEEE-rounded."""
+    return tl.math.div_rn(tl.maximum(amax, MIN_SCALE_AMAX), FP8_MAX)
+
+
+@triton.jit
+def quantize_values(x, scale):
+    """x fp32 / scale (broadcastable) → the e4m3 values as exact fp32 (cast with .to(tl.float8e4nv))."""
+    return e4m3_round(tl.clamp(tl.math.div_rn(x, scale), -FP8_MAX, FP8_MAX))
+
+
+@triton.jit
+def fake_quant_rows(x):
+    """x [R, C] fp32, each row one quantization group (masked-off columns 0) → its quantized values times the
+    row's scale: exactly the dequantized activation the reference multiplies."""
+    scale = group_scale(tl.max(tl.abs(x), axis=1))[:, None]
+    return quantize_values(x, scale) * scale
+
+
+@triton.jit
+def _quantize_kernel(x_ptr, q_ptr, s_ptr, K, G, GROUP, sx, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    # grid (rows, G): x [rows, K] (row stride sx) → q [rows, K] e4m3, s [rows, G] fp32; group g covers columns
+    # [g * GROUP, min((g + 1) * GROUP, K)), walked BLOCK at a time: amax first, then the quantization.
+    pdl_prologue(PDL)
+    row, g = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    start = g * GROUP
+    end = tl.minimum(start + GROUP, K)
+    amax = tl.zeros([BLOCK], tl.float32)
+    for k0 in range(start, end, BLOCK):
+        k = k0 + tl.arange(0, BLOCK)
+        amax = tl.maximum(amax, tl.abs(tl.load(x_ptr + row * sx + k, mask=k < end, other=0.0).to(tl.float32)))
+    scale = group_scale(tl.max(amax, axis=0))
+    for k0 in range(start, end, BLOCK):
+        k = k0 + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + row * sx + k, mask=k < end, other=0.0).to(tl.float32)
+        tl.store(q_ptr + row * K + k, quantize_values(x, scale).to(q_ptr.dtype.element_ty), mask=k < end)
+    tl.store(s_ptr + row * G + g, scale)
+
+
+def fp8_quantize_rows(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] (float, last dim contiguous) → (q [M, K] float8_e4m3fn, scale [M, ceil(K / group)] float32): the
+    reference's fp8_quantize(x, group) for dynamic scales, in one launch, no host sync."""
+    check(x.dim() == 2 and x.stride(-1) == 1 and group >= 1,
+          f"fp8_quantize_rows: x must be [rows, K] with a contiguous last dim and group >= 1, got "
+          f"{tuple(x.shape)} strides {x.stride()}, group {group}")
+    m, k = x.shape
+    g = triton.cdiv(k, group)
+    q = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=x.device)
+    scale = torch.empty(m, g, dtype=torch.float32, device=x.device)
+    if m and k:
+        block = min(triton.next_power_of_2(min(group, k)), 2048)
+        _quantize_kernel[(m, g)](x, q, scale, k, g, group, x.stride(0), BLOCK=block, num_warps=4 if block > 256 else 1,
+                                 **pdl(x.device))
+    return q, scale
