@@ -3,9 +3,10 @@
 
 Because both scales are constant over one K block, each block's partial product factors: y[m, n] = sum_b xs[m, b] *
 ws[n, b] * sum_{k in b} xq[m, k] * wq[n, k]. A program owns a BLOCK_M x BLOCK_N tile of y, walks K one scale block
-at a time (BLOCK_K = block_k), takes the block's dot product of the e4m3 tiles converted to float16 (exact: every
-e4m3 value is a float16), with float32 accumulation, and adds it times the outer product of the two scale vectors.
-The activation is quantized first by fp8_quantize (its torch reference for now).
+at a time (BLOCK_K = block_k), takes the block's dot product of the e4m3 tiles (fp8 tensor cores on sm_89+; elsewhere
+and for blocks under 32 columns, of the tiles converted to float16, exact: every e4m3 value is a float16), with float32
+accumulation, and adds it times the outer product of the two scale vectors. The activation is quantized first by
+fp8_quantize_rows (bit-equal to the reference's fp8_quantize).
 
 Everything else (per-channel / per-tensor weights, another activation group, a static input_scale, no activation
 quantization, or a compiler tracing the model) runs the torch reference. Tested against it under Triton's CPU
@@ -20,11 +21,12 @@ import triton.language as tl
 
 from atom_kernels.reference import fp8 as reference
 from atom_kernels.triton._utils import check, pdl, pdl_prologue
+from atom_kernels.triton.fp8_quant import fp8_quantize_rows, has_fp8_dot
 
 
 @triton.jit
 def _block_scaled_gemm(xq_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, M, N, K, KB, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP8_DOT: tl.constexpr, PDL: tl.constexpr):
     pdl_prologue(PDL)
     # grid (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N)); xq [M, K], w [N, K] e4m3 (K-contiguous); xs [M, KB], ws [N, KB] fp32
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
@@ -36,7 +38,10 @@ def _block_scaled_gemm(xq_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, M, N, K, KB, BLOCK_
         kk = b * BLOCK_K + rk
         a = tl.load(xq_ptr + rm[:, None] * K + kk[None, :], mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
         w = tl.load(w_ptr + rn[:, None] * K + kk[None, :], mask=(rn[:, None] < N) & (kk[None, :] < K), other=0.0)
-        part = tl.dot(a.to(tl.float16), tl.trans(w.to(tl.float16)), out_dtype=tl.float32)
+        if FP8_DOT:
+            part = tl.dot(a, tl.trans(w), out_dtype=tl.float32)
+        else:
+            part = tl.dot(a.to(tl.float16), tl.trans(w.to(tl.float16)), out_dtype=tl.float32)
         xs = tl.load(xs_ptr + rm * KB + b, mask=rm < M, other=0.0)
         ws = tl.load(ws_ptr + rn * KB + b, mask=rn < N, other=0.0)
         acc += part * xs[:, None] * ws[None, :]
@@ -56,13 +61,13 @@ def fp8_linear(x, weight, weight_scale, block_k, act_group, input_scale=None, bi
     kb = -(-k // block_k)
     check(tuple(weight_scale.shape) == (n, kb), f"fp8_linear: weight_scale must be [{n}, {kb}], got "
                                                 f"{tuple(weight_scale.shape)}")
-    xq, xs = reference.fp8_quantize(x.reshape(-1, k), act_group)
+    xq, xs = fp8_quantize_rows(x.reshape(-1, k).contiguous(), act_group)
     m = xq.shape[0]
     y = torch.empty(m, n, dtype=torch.float32, device=x.device)
     block_m, block_n = 16, 64
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
-    _block_scaled_gemm[grid](xq.contiguous(), xs.contiguous(), weight, weight_scale, y, m, n, k, kb,
-                             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, **pdl(x.device))
+    _block_scaled_gemm[grid](xq, xs, weight, weight_scale, y, m, n, k, kb, BLOCK_M=block_m, BLOCK_N=block_n,
+                             BLOCK_K=block_k, FP8_DOT=block_k >= 32 and has_fp8_dot(x.device), **pdl(x.device))
     if bias is not None:
         y += bias.float()
     return y.to(x.dtype).reshape(*x.shape[:-1], n)

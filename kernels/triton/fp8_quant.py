@@ -13,6 +13,8 @@ kernels use to quantize their activation tile in place; fp8_quantize_rows is the
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -73,6 +75,20 @@ def _quantize_kernel(x_ptr, q_ptr, s_ptr, K, G, GROUP, sx, BLOCK: tl.constexpr, 
         x = tl.load(x_ptr + row * sx + k, mask=k < end, other=0.0).to(tl.float32)
         tl.store(q_ptr + row * K + k, quantize_values(x, scale).to(q_ptr.dtype.element_ty), mask=k < end)
     tl.store(s_ptr + row * G + g, scale)
+
+
+def has_fp8_dot(device: torch.device) -> bool:
+    """e4m3 tl.dot: NVIDIA sm_89+ (and Triton's interpreter, on CPU tensors); ROCm's MI300 has only the fnuz e4m3."""
+    return _has_fp8_dot(device.type, device.index)
+
+
+@functools.cache
+def _has_fp8_dot(device_type: str, index: int | None) -> bool:
+    if device_type != "cuda":
+        return True
+    if torch.version.hip is not None:
+        return False
+    return torch.cuda.get_device_capability(index) >= (8, 9)
 
 
 def fp8_quantize_rows(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:

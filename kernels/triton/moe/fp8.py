@@ -21,14 +21,13 @@ them and the top-k sum skips them. No host sync, grids from shapes: CUDA-graph c
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
 from atom_kernels.reference.moe import check_moe_args
 from atom_kernels.triton._utils import FLOAT_DTYPES, check, check_dtype, check_same_device, pdl, pdl_prologue
+from atom_kernels.triton.fp8_quant import has_fp8_dot
 from atom_kernels.triton.moe import _block_pairs, _sum_topk_kernel, _tile, moe_config
 from atom_kernels.triton.moe import warm_up_shapes as warm_up_shapes  # same tile buckets as fused_moe
 from atom_kernels.triton.moe.align import max_blocks, moe_align
@@ -47,16 +46,6 @@ def fp8_moe_config(num_tokens: int, top_k: int, num_experts: int, dtype: torch.d
     if act_group:
         base = {k: v if k == "block_m" else (v[0], max(v[1], 128), v[2], v[3]) for k, v in base.items()}
     return base  # up/down: (BLOCK_N, BLOCK_K, num_warps, num_stages)
-
-
-@functools.cache
-def _has_fp8_dot(device_type: str, index: int | None) -> bool:
-    """e4m3 tl.dot: NVIDIA sm_89+ (and Triton's interpreter, on CPU tensors); ROCm's MI300 has only the fnuz e4m3."""
-    if device_type != "cuda":
-        return True
-    if torch.version.hip is not None:
-        return False
-    return torch.cuda.get_device_capability(index) >= (8, 9)
 
 
 @triton.jit
@@ -188,7 +177,7 @@ def fp8_fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, w13
     sorted_ids, expert_ids, post_pad = moe_align(topk_ids, num_experts, block_m)
     num_m = max_blocks(pairs, num_experts, block_m)
     precision = "ieee" if hidden.dtype == torch.float32 else "tf32"  # fp32: exact products, as the reference
-    fp8_dot = cfg.get("fp8_dot", _has_fp8_dot(hidden.device.type, hidden.device.index))
+    fp8_dot = cfg.get("fp8_dot", has_fp8_dot(hidden.device))
     launch = pdl(hidden.device)
     common = dict(GROUP_M=8, PRECISION=precision, **launch)
     act = torch.empty((pairs, inter), dtype=hidden.dtype, device=hidden.device)

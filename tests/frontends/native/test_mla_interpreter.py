@@ -5,7 +5,8 @@ The kernels are registered as the dispatcher's "provided" backend for the CPU, s
 would run the torch reference; the decode kernel then reads its pages from the step's MLA decode metadata, made
 in the InputBuilder's persistent buffers (switch on) or by the kernels each step (switch off). Scenarios from
 test_parity: plain batched prompts, and chunked prefill (steps mixing prefill chunks with decodes, so both
-kernels and their routing run in one step); the rebuilt path runs the latter only. A subprocess: TRITON_INTERPRET is read when triton is imported.
+kernels and their routing run in one step); the rebuilt path runs the latter only. A subprocess: TRITON_INTERPRET
+is read when triton is imported.
 """
 
 from __future__ import annotations
