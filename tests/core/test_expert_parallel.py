@@ -48,7 +48,8 @@ def test_parallel_shards_sum_to_the_full_layer(tp, ep, placement, per_expert):
 
 
 def test_expert_parallel_rank_skips_other_experts_and_names_bad_ids():
-    """A rank never reads another rank's experts (NaN there changes nothing); an expert id past E still fails."""
+    """A rank never reads another rank's experts (NaN there changes nothing); an expert id past E still fails; the
+    id mapping compiles with dynamo (fullgraph)."""
     cfg, block = _qwen3_block(seed=6, **QWEN3["top2-norm"])
     weights = _per_expert(_hf_weights(block), cfg.num_experts)
     holder = torch.nn.Module()
@@ -63,6 +64,12 @@ def test_expert_parallel_rank_skips_other_experts_and_names_bad_ids():
     assert not holder.experts.gate_up_proj.isnan().any() and not holder.experts.down_proj.isnan().any()
     with pytest.raises(ValueError, match="checkpoint has expert 8, but the layer has 8 experts"):
         holder.experts.weight_loader(holder.experts.down_proj, torch.zeros(HIDDEN, INTER), (8, "down"))
+    # hosts compile the decoder with dynamo (vLLM: fullgraph=True): the id mapping traces with the op
+    x = _inputs(seed=7)
+    topk_weights, topk_ids = route(x, dict(weights)["gate.weight"], router_config(cfg))
+    compiled = torch.compile(holder.experts, fullgraph=True, backend="eager", dynamic=True)
+    torch.testing.assert_close(compiled(x, topk_weights, topk_ids), holder.experts(x, topk_weights, topk_ids),
+                               rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("fields, match", [
