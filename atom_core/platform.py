@@ -16,12 +16,23 @@ def _gather_single(t: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return t
 
 
+EXPERT_PLACEMENTS = ("linear", "round_robin")
+
+
 @dataclass
 class Platform:
     """Answer of the `atom_platform` hook.
 
     all_reduce(t) sums `t` over the tensor-parallel group (in place allowed) and returns it;
     all_gather(t, dim) concatenates the ranks' `t` along `dim`. Both go through the HOST's groups.
+
+    Expert parallelism (the host's layout; default none): the MoE layers' experts are split over ep_size ranks of
+    the tensor-parallel group, each rank holding whole experts (its `local_experts`) and, when ep_size < tp_size, a
+    1/moe_tp_size slice of their intermediate dim. Ranks are laid out as vLLM and SGLang lay them out:
+    tp_rank = ep_rank * moe_tp_size + moe_tp_rank. Every rank's partial MoE output is summed with `all_reduce`
+    over the whole tensor-parallel group (= the EP group x the MoE-TP group). Which experts a rank holds is the
+    host's `expert_placement`: "linear" (contiguous ranges) or "round_robin" (expert e on rank e % ep_size).
+    Expert parallelism across data-parallel ranks (token dispatch) is not supported.
     """
 
     host: str
@@ -30,10 +41,47 @@ class Platform:
     tp_size: int = 1
     all_reduce: Callable[[torch.Tensor], torch.Tensor] = _identity
     all_gather: Callable[..., torch.Tensor] = _gather_single
+    ep_rank: int = 0
+    ep_size: int = 1
+    expert_placement: str = "linear"
 
     def __post_init__(self) -> None:
         if not 0 <= self.tp_rank < self.tp_size:
             raise ValueError(f"tp_rank={self.tp_rank} is outside [0, tp_size={self.tp_size})")
+        if not 0 <= self.ep_rank < self.ep_size:
+            raise ValueError(f"ep_rank={self.ep_rank} is outside [0, ep_size={self.ep_size})")
+        if self.tp_size % self.ep_size:
+            raise ValueError(f"ep_size={self.ep_size} must divide tp_size={self.tp_size}: expert parallelism runs "
+                             "inside the tensor-parallel group (expert parallelism over data-parallel ranks is not "
+                             "supported)")
+        if self.ep_rank != self.tp_rank // self.moe_tp_size:
+            raise ValueError(f"ep_rank={self.ep_rank} does not match tp_rank={self.tp_rank}: with ep_size="
+                             f"{self.ep_size} of tp_size={self.tp_size} rank tp_rank holds the experts of ep_rank "
+                             f"tp_rank // {self.moe_tp_size} (tp_rank = ep_rank * moe_tp_size + moe_tp_rank)")
+        if self.expert_placement not in EXPERT_PLACEMENTS:
+            raise ValueError(f"expert_placement={self.expert_placement!r} is not supported; supported: "
+                             f"{', '.join(EXPERT_PLACEMENTS)}")
+
+    @property
+    def moe_tp_size(self) -> int:
+        """Ranks sharing each expert (splitting its intermediate dim): tp_size // ep_size."""
+        return self.tp_size // self.ep_size
+
+    @property
+    def moe_tp_rank(self) -> int:
+        return self.tp_rank % self.moe_tp_size
+
+    def local_experts(self, num_experts: int) -> list[int]:
+        """Global ids of the experts this rank holds, in the order it stores them (vLLM's determine_expert_map:
+        with E % ep_size = r, the first r ranks hold one expert more; SGLang's equal split is the linear case)."""
+        if num_experts < self.ep_size:
+            raise ValueError(f"expert parallelism over ep_size={self.ep_size} ranks needs at least as many experts, "
+                             f"got num_experts={num_experts}")
+        if self.expert_placement == "round_robin":
+            return list(range(self.ep_rank, num_experts, self.ep_size))
+        base, extra = divmod(num_experts, self.ep_size)
+        start = self.ep_rank * base + min(self.ep_rank, extra)
+        return list(range(start, start + base + (self.ep_rank < extra)))
 
 
 def default_device() -> torch.device:

@@ -146,13 +146,16 @@ if __name__ == "atom_kernels":
 
 def fused_moe(hidden, w13, w2, topk_weights, topk_ids):
     """MoE experts: hidden [T, H], w13 [E, 2*I, H] (gate then up), w2 [E, H, I], routing topk_weights /
-    topk_ids [T, K] → sum over each token's experts of weight * down(silu(gate) * up): [T, H]."""
+    topk_ids [T, K] → sum over each token's experts of weight * down(silu(gate) * up): [T, H].
+    An id of -1 means the pair's expert lives on another rank (expert parallelism): the pair contributes nothing
+    (the reference raises on other ids outside [0, E); the Triton kernels drop them, a check would sync)."""
     return torch.ops.atom_kernels.fused_moe(hidden, w13, w2, topk_weights, topk_ids)
 
 
 def fp8_fused_moe(hidden, w13, w2, w13_scale, w2_scale, topk_weights, topk_ids, block_k, act_group):
     """fused_moe on float8_e4m3fn experts: w13 [E, 2I, H] / w2 [E, H, I] with scales [E, 2I, ceil(H / block_k)] /
-    [E, H, ceil(I / block_k)], each GEMM's input quantized per token group of act_group columns (0: not at all)."""
+    [E, H, ceil(I / block_k)], each GEMM's input quantized per token group of act_group columns (0: not at all).
+    topk_ids as fused_moe's: -1 skips a pair whose expert is on another rank."""
     return torch.ops.atom_kernels.fp8_fused_moe(hidden, w13, w2, w13_scale, w2_scale, topk_weights, topk_ids,
                                                 block_k, act_group)
 

@@ -123,8 +123,29 @@ def _device(name: str | None) -> torch.device:
     return torch.device(name)
 
 
+def expert_parallel_layout(server_args: Any, parallel: Any) -> dict[str, Any]:
+    """The Platform's expert-parallel fields from SGLang's MoE layout (--ep-size): ep_rank/ep_size are its
+    moe_ep_rank/moe_ep_size (the rest of the TP group, moe_tp_size = tp_size // ep_size, splits each expert's
+    intermediate dim), placement "linear" as SGLang's FusedMoE stores experts (rank r: [r * E/ep, (r+1) * E/ep)).
+    What needs token dispatch between ranks is refused: DP attention / MoE-DP, all-to-all backends, EPLB."""
+    if parallel.moe_ep_size == 1:
+        return {}
+    sa = server_args
+    refused = [name for name, on in (
+        ("DP attention (attn_dp_size > 1)", parallel.attn_dp_size > 1),
+        (f"moe_dp_size={parallel.moe_dp_size}", parallel.moe_dp_size > 1),
+        (f"moe_a2a_backend={sa.moe_a2a_backend!r}", sa.moe_a2a_backend != "none"),
+        ("EPLB / redundant experts", sa.enable_eplb or sa.ep_num_redundant_experts > 0)) if on]
+    if refused:
+        raise ValueError(f"SGLang's --ep-size {parallel.moe_ep_size} with {refused[0]}: atom-core's MoE layer splits "
+                         "experts over the tensor-parallel ranks only (no token dispatch between data-parallel ranks, "
+                         f"no redundant experts); run --tp-size N --ep-size M without it{_FALLBACK}")
+    return dict(ep_rank=parallel.moe_ep_rank, ep_size=parallel.moe_ep_size, expert_placement="linear")
+
+
 def sglang_platform() -> Platform:
-    """Device from ServerArgs; tensor parallelism through SGLang's own TP group."""
+    """Device from ServerArgs; tensor parallelism through SGLang's own TP group; SGLang's expert-parallel layout
+    (expert_parallel_layout)."""
     server_args, parallel = _runtime()
     tp_rank, tp_size = parallel.tp_rank, parallel.tp_size
     kwargs: dict[str, Any] = {}
@@ -134,4 +155,4 @@ def sglang_platform() -> Platform:
         kwargs = dict(all_reduce=tensor_model_parallel_all_reduce,
                       all_gather=tensor_model_parallel_all_gather)
     return Platform(host=HOST, device=_device(getattr(server_args, "device", None)), tp_rank=tp_rank,
-                    tp_size=tp_size, **kwargs)
+                    tp_size=tp_size, **kwargs, **expert_parallel_layout(server_args, parallel))

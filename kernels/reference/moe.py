@@ -3,6 +3,10 @@
 Same arithmetic as transformers' MoE experts (Qwen3-MoE, DeepSeek-V2/V3): each chosen expert's
 down(silu(gate(x)) * up(x)) is scaled by the token's routing weight (cast to the hidden dtype) and
 summed over the token's experts in the hidden dtype, expert after expert in id order.
+
+Expert parallelism: an expert id of -1 in topk_ids means "this pair's expert lives on another rank" (the MoE layer
+maps global ids to local ones, -1 for the other ranks' experts); such a pair contributes nothing here, and the other
+ranks' partial outputs supply it when the host sums them. Any other id outside [0, E) is an error.
 """
 
 from __future__ import annotations
@@ -36,8 +40,9 @@ def check_moe_args(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, to
 def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
               topk_ids: torch.Tensor) -> torch.Tensor:
     """hidden [T, H]; w13 [E, 2*I, H] (gate rows then up rows); w2 [E, H, I]; topk_weights [T, K]
-    (any float dtype); topk_ids [T, K] (int, in [0, E)) → [T, H] in hidden's dtype:
-    out[t] = sum_k topk_weights[t, k] * w2[e] @ (silu(gate_e @ x) * (up_e @ x)), e = topk_ids[t, k]."""
+    (any float dtype); topk_ids [T, K] (int, in [0, E), or -1: an expert of another rank, skipped) → [T, H] in
+    hidden's dtype: out[t] = sum over k with e = topk_ids[t, k] >= 0 of
+    topk_weights[t, k] * w2[e] @ (silu(gate_e @ x) * (up_e @ x))."""
     check_moe_args(hidden, w13, w2, topk_weights, topk_ids)
 
     def expert(e: int, x: torch.Tensor) -> torch.Tensor:
@@ -50,20 +55,23 @@ def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
 def run_experts(hidden: torch.Tensor, num_experts: int, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
                 expert: Callable[[int, torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """sum over each token's experts of topk_weight * expert(e, rows of hidden routed to e) → [T, H], experts in
-    id order, rows within an expert by k then token (transformers' order)."""
+    id order, rows within an expert by k then token (transformers' order). Pairs with id -1 (an expert of another
+    rank) are skipped; other ids outside [0, num_experts) raise."""
     out = torch.zeros_like(hidden)
     if hidden.shape[0] == 0:
         return out
     # (k, token) pairs, k-major: within an expert, rows come in transformers' order (by k, then token)
     flat = topk_ids.t().reshape(-1)
-    if int(flat.min()) < 0 or int(flat.max()) >= num_experts:
-        raise ValueError(f"fused_moe: topk_ids must lie in [0, {num_experts}), got "
-                         f"[{int(flat.min())}, {int(flat.max())}]")
-    order = torch.argsort(flat, stable=True)  # grouped by expert
-    counts = torch.bincount(flat, minlength=num_experts).tolist()
+    bad = (flat < -1) | (flat >= num_experts)
+    if bool(bad.any()):
+        raise ValueError(f"fused_moe: topk_ids must lie in [0, {num_experts}), or be -1 for an expert of another "
+                         f"rank (expert parallelism), got {int(flat[bad][0])}")
+    local = flat >= 0
+    order = torch.argsort(flat, stable=True)  # grouped by expert, the -1 pairs first
+    counts = torch.bincount(flat[local], minlength=num_experts).tolist()
     tokens = order % hidden.shape[0]
     weights = topk_weights.t().reshape(-1)[order].to(hidden.dtype)
-    start = 0
+    start = flat.numel() - sum(counts)  # past the skipped -1 pairs
     for e, count in enumerate(counts):
         if count == 0:
             continue

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from atom_kernels.reference import fused_moe
+from atom_kernels.reference import fp8_fused_moe, fp8_quantize, fused_moe
 
 transformers = pytest.importorskip("transformers")
 from transformers.models.qwen3_moe import modeling_qwen3_moe as qm  # noqa: E402
@@ -50,8 +50,36 @@ def test_unused_expert_and_empty_batch():
     assert fused_moe(x[:0], w13, w2, torch.ones(0, 1), ids[:0]).shape == (0, 16)
 
 
+def test_minus_one_ids_are_skipped():
+    """Expert parallelism: -1 marks a pair whose expert is on another rank; it adds nothing. Against a plain loop
+    over the pairs; a token whose pairs are all remote gets zeros."""
+    g = torch.Generator().manual_seed(0)
+    t, k, e, h, i = 9, 3, 6, 16, 8
+    x = torch.randn(t, h, generator=g)
+    w13, w2 = torch.randn(e, 2 * i, h, generator=g) / h**0.5, torch.randn(e, h, i, generator=g) / i**0.5
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
+    ids[::2, 1] = -1
+    ids[3] = -1
+    weights = torch.rand(t, k, generator=g)
+    want = torch.zeros(t, h)
+    for tok in range(t):
+        for j in range(k):
+            if ids[tok, j] >= 0:
+                gate, up = (w13[ids[tok, j]] @ x[tok]).chunk(2)
+                want[tok] += weights[tok, j] * (w2[ids[tok, j]] @ (torch.nn.functional.silu(gate) * up))
+    got = fused_moe(x, w13, w2, weights, ids)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert torch.equal(got[3], torch.zeros(h)) and not torch.allclose(got, fused_moe(x, w13, w2, weights, ids.abs()))
+    # the fp8 experts share the skipping: a -1 pair adds what a pair of routing weight 0 adds
+    (q13, s13), (q2, s2) = fp8_quantize(w13, h), fp8_quantize(w2, i)  # per output channel: scales [E, N, 1]
+    fp8 = (q13, q2, s13, s2)
+    torch.testing.assert_close(fp8_fused_moe(x, *fp8, weights, ids, h, 0),
+                               fp8_fused_moe(x, *fp8, weights * (ids >= 0), ids.clamp(min=0), h, 0), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("bad,match", [
     (dict(ids=torch.tensor([[4]])), r"topk_ids must lie in \[0, 4\)"),
+    (dict(ids=torch.tensor([[-2]])), r"or be -1 for an expert of another rank.*got -2"),
     (dict(ids=torch.tensor([[0.0]])), "topk_ids must be int"),
     (dict(w2=torch.zeros(4, 16, 9)), "w2 must be"),
     (dict(weights=torch.ones(1, 2)), "topk_weights must be"),

@@ -82,6 +82,14 @@ def unused_expert_routing(t, k, e, unused, seed):
     return torch.stack([pool[torch.randperm(len(pool), generator=g)[:k]] for _ in range(t)])
 
 
+def remote_expert_routing(t, k, e, seed):
+    """Rank 0's routing under expert parallelism over 2 ranks: distinct ids of 2e global experts, mapped to local
+    ids, -1 for the other rank's half (some tokens have all their pairs remote)."""
+    g = torch.Generator().manual_seed(seed)
+    routing = torch.stack([torch.randperm(2 * e, generator=g)[:k] for _ in range(t)])
+    return torch.where(routing < e, routing, -1)
+
+
 # ---------------------------------------------------------------------------------------------- GPU
 
 
@@ -122,6 +130,14 @@ def test_all_tokens_to_one_expert(t, k, dtype):
 @pytest.mark.parametrize("dtype", [F32, BF16], ids=dtype_ids)
 def test_experts_no_token_picks(dtype):
     check_moe(129, 2, 16, 128, 64, dtype, "cuda", routing=unused_expert_routing(129, 2, 16, {0, 7, 15}, seed=3))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=dtype_ids)
+@pytest.mark.parametrize("t", [1, 3, 257])
+def test_remote_experts_are_dropped(t, dtype):
+    """-1 ids (experts of another rank) add nothing, as the reference skips them; the GEMVs (t 1, 3) and blocks."""
+    check_moe(t, 4, 16, 128, 64, dtype, "cuda", routing=remote_expert_routing(t, 4, 16, seed=t))
 
 
 @pytest.mark.gpu
@@ -207,6 +223,11 @@ def interpreter_checks() -> None:
         check_moe(1, 1, 8, 32, 24, dtype, "cpu", config=gemv)
         check_moe(6, 3, 8, 48, 40, dtype, "cpu", seed=4, config=gemv)
         check_moe(5, 2, 8, 32, 16, dtype, "cpu", config=gemv, routing=one_expert_routing(5, 2, 8, hot=3, seed=2))
+        # expert parallelism: -1 pairs (experts of another rank) dropped as the reference skips them, both paths
+        remote = remote_expert_routing(13, 3, 8, seed=5)
+        assert (remote == -1).any() and (remote == -1).all(1).any() and (remote >= 0).any()
+        check_moe(13, 3, 8, 32, 16, dtype, "cpu", routing=remote)  # moe_align's blocks
+        check_moe(13, 3, 8, 48, 40, dtype, "cpu", config=gemv, routing=remote)
     print("interpreter checks passed")
 
 

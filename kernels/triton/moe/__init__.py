@@ -1,7 +1,9 @@
 """fused_moe (Triton): the experts of a MoE layer as two grouped GEMMs over expert-aligned blocks of tokens
 (below: from a few tokens per expert to prefill; fewer pairs than half the experts go to moe/gemv.py).
 
-Same contract and arithmetic as the torch reference (atom_kernels.reference.moe.fused_moe):
+Same contract and arithmetic as the torch reference (atom_kernels.reference.moe.fused_moe), -1 ids included (expert
+parallelism: the pair's expert is on another rank, the pair contributes nothing); any id outside [0, E) is dropped so,
+unchecked (a check would sync the host):
   1. moe_align groups the (token, k) pairs by expert into BLOCK_M-row blocks (moe/align.py), on the GPU;
   2. gate/up GEMM: each program multiplies one block's gathered token rows by BLOCK_N gate columns and the
      same BLOCK_N up columns of its expert's w13 (two fp32 accumulators), then applies SiLU-and-mul and
@@ -11,8 +13,8 @@ Same contract and arithmetic as the torch reference (atom_kernels.reference.moe.
   4. the sum over top-k: one small kernel adds each token's K rows of y in fp32 and rounds once.
 No atomics: a pair's output row is written once, so results do not depend on scheduling (atomic adds into
 [T, H] would need a zeroed fp32 buffer and a cast pass anyway, and vary run to run). A dedicated kernel
-rather than y.view(T, K, H).sum(1), because it also skips pairs whose expert id is out of range (which
-moe_align drops and whose y rows are never written); it is one launch either way.
+rather than y.view(T, K, H).sum(1), because it also skips pairs whose expert id is out of range, -1 above all
+(which moe_align drops and whose y rows are never written); it is one launch either way.
 
 Grids are sized from shapes (moe_align.max_blocks); programs of blocks past the device-side row count exit
 at once. No host sync anywhere, so one call is CUDA-graph capturable and can be replayed with other routing.
@@ -200,7 +202,8 @@ def _check(hidden, w13, w2, topk_weights, topk_ids) -> None:
 def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
               topk_ids: torch.Tensor, config: dict | None = None) -> torch.Tensor:
     """hidden [T, H]; w13 [E, 2*I, H] (gate rows then up rows); w2 [E, H, I]; topk_weights [T, K] float;
-    topk_ids [T, K] int → [T, H] in hidden's dtype. config: moe_config's dict (default: chosen from T)."""
+    topk_ids [T, K] int (-1: an expert of another rank, skipped) → [T, H] in hidden's dtype. config: moe_config's
+    dict (default: chosen from T)."""
     _check(hidden, w13, w2, topk_weights, topk_ids)
     (t, h), (num_experts, two_i, _), top_k = hidden.shape, w13.shape, topk_ids.shape[1]
     inter = two_i // 2

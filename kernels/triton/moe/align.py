@@ -6,7 +6,8 @@ Contract (pairs are numbered row-major over topk_ids [T, K]: pair i = t * K + k;
       experts take no rows. Entries at or past num_post_pad are left unwritten (nothing reads them).
   expert_ids [max_blocks] int32: the expert of each block of BLOCK_M rows (blocks past the end: unwritten).
   num_post_pad [1] int32: rows in use (sum over experts of their padded group size), on the device.
-Pairs whose id lies outside [0, E) are dropped (checking would need a host sync).
+Pairs whose id lies outside [0, E) are dropped (checking would need a host sync): -1 is how expert parallelism
+marks a pair whose expert is on another rank.
 
 No host sync and every size comes from shapes, so it is CUDA-graph capturable: max_blocks bounds the
 padded length, N + min(E, N) * (BLOCK_M - 1) (each non-empty expert pads by at most BLOCK_M - 1 rows).

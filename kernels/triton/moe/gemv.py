@@ -10,7 +10,8 @@ weight reuse, costs a launch, and pads every block to >= 16 rows. Here no groupi
      GEMV of act against BLOCK_N rows of w2[e], rounds it, scales it by the routing weight (cast to the dtype,
      rounded), and adds the K of them in fp32, rounded once: no y [pairs, H] buffer and no summing launch.
 Same arithmetic as the block kernels (moe.py), whose results these equal up to fp32 summation order. Pairs whose
-expert id lies outside [0, E) are skipped (their loads are masked off), as moe_align drops them. Two launches,
+expert id lies outside [0, E) are skipped (their loads are masked off), as moe_align drops them: -1 marks an expert
+of another rank (expert parallelism). Two launches,
 no host sync, grids from shapes: CUDA-graph capturable. Weights are [.., rows, K-contiguous] (sw_k == 1 as
 loaded), so each program's tile loads are row-contiguous.
 """

@@ -3,6 +3,7 @@ and importing the frontend without SGLang installed."""
 
 from __future__ import annotations
 
+import copy
 import subprocess
 import sys
 from pathlib import Path
@@ -121,3 +122,42 @@ def test_hooks_as_the_core_asks_them():
     assert host_hooks("sglang").atom_metadata_builder(spec=spec) is build_metadata
     mla = AttentionSpec(4, 24, 0.25, 1, "model.layers.0.self_attn.attn", kv_lora_rank=16, qk_rope_head_dim=8)
     assert host_hooks("sglang").atom_attention_impl(spec=mla).__name__ == "SGLangMLAAttention"
+
+
+# SGLang 0.5.23's CPU path cannot run tp_size > 1 here: its TP group creates a PyNcclCommunicator on the CPU device
+# (init_model_parallel_group turns pynccl on for every in-tree platform but NPU/XPU; nvidia-nccl comes with sglang)
+# and torch.cuda.device(cpu) raises "Expected a cuda device, but got: cpu" in each scheduler process. So --ep-size is
+# checked from real ServerArgs and SGLang's own rank derivation (runtime_context), not in an engine.
+def test_expert_parallel_layout_from_real_server_args(sglang_checkpoint):
+    """--tp-size 4 --ep-size 2: SGLang's moe_ep_rank / moe_tp_rank per rank become ours, experts split as SGLang's
+    FusedMoE stores them (contiguous E / ep), each expert's intermediate dim over the moe_tp_size = 2 ranks; what
+    needs token dispatch (DP attention, all-to-all backends) and EPLB are refused."""
+    from sglang.srt import runtime_context as rc
+    from sglang.srt.server_args import ServerArgs
+
+    from atom_core.plugins import current_platform
+    from atom_frontends.sglang.config import expert_parallel_layout
+    from atom_frontends.sglang.hooks import SGLANG
+
+    args = ServerArgs(model_path=str(sglang_checkpoint("qwen3")), device="cpu", dtype="float32",
+                      attention_backend="atom", disable_cuda_graph=True, skip_tokenizer_init=True, tp_size=4, ep_size=2)
+    layouts = []
+    for rank in range(4):
+        with rc.use_context(rc.create_context(args, role="test", ranks=rc.SpawnRanks(world_rank=rank))), SGLANG.scope():
+            p = current_platform("sglang")
+            layouts.append((p.tp_rank, p.ep_rank, p.ep_size, p.moe_tp_rank, p.moe_tp_size, p.local_experts(8)))
+            parallel = rc.get_parallel()
+            assert (parallel.moe_ep_rank, parallel.moe_tp_rank) == (p.ep_rank, p.moe_tp_rank)  # SGLang's own
+    low, high = [0, 1, 2, 3], [4, 5, 6, 7]
+    assert layouts == [(0, 0, 2, 0, 2, low), (1, 0, 2, 1, 2, low), (2, 1, 2, 0, 2, high), (3, 1, 2, 1, 2, high)]
+    with rc.use_context(rc.create_context(args, role="test", ranks=rc.SpawnRanks(world_rank=1))):
+        parallel = rc.get_parallel()
+        with parallel.override(attn_dp_size=2, attn_tp_size=2), pytest.raises(ValueError, match="with DP attention"):
+            expert_parallel_layout(args, parallel)
+        # (set on copies: ServerArgs built with them would also change SGLang's process-wide settings)
+        for field, value, match in [("moe_a2a_backend", "deepep", "moe_a2a_backend='deepep'"),
+                                    ("enable_eplb", True, "EPLB"), ("ep_num_redundant_experts", 2, "EPLB")]:
+            changed = copy.copy(args)
+            setattr(changed, field, value)
+            with pytest.raises(ValueError, match=f"{match}.*without it; or unset SGLANG_EXTERNAL_MODEL_PACKAGE"):
+                expert_parallel_layout(changed, parallel)

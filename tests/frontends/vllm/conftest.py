@@ -25,6 +25,10 @@ CHECKPOINTS = {
     "qwen3": ("Qwen3ForCausalLM", dict(head_dim=32, tie_word_embeddings=False)),
     "llama": ("LlamaForCausalLM", dict(hidden_size=128)),
 }
+# Qwen3-MoE mixing a dense layer (mlp_only_layers) with MoE layers of top-3 of 8 experts: test_moe_generation.py, and
+# the tensor- and expert-parallel workers of test_generation.py
+QWEN3_MOE_CHECKPOINT = ("Qwen3MoeForCausalLM", dict(head_dim=32, num_experts_per_tok=3, num_hidden_layers=3,
+                                                    mlp_only_layers=[1]))
 PROMPT_LENGTHS = [3, 17, 40, 64, 9]
 NEW_TOKENS = 16
 # Engine settings both vLLM runs (atom-core's models and vLLM's own) share.
@@ -69,7 +73,8 @@ def prompts() -> list[list[int]]:
 @pytest.fixture(scope="session")
 def vllm_checkpoint(checkpoint_factory):
     def make(name: str) -> Path:
-        arch, overrides = CHECKPOINTS[name]
+        """name: a key of CHECKPOINTS, or "qwen3_moe" (QWEN3_MOE_CHECKPOINT)."""
+        arch, overrides = QWEN3_MOE_CHECKPOINT if name == "qwen3_moe" else CHECKPOINTS[name]
         return checkpoint_factory(arch, **overrides)
 
     return make

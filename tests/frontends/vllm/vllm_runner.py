@@ -38,6 +38,9 @@ def inspect_worker(model) -> dict:
         "kv_cache_bound": all(m.kv_cache.numel() > 0 for m in attention),
         # (rank, size) a tensor-parallel linear layer got (ours: from the Platform, i.e. vLLM's groups)
         "tp": next(([m.tp_rank, m.tp_size] for m in model.modules() if hasattr(m, "tp_rank")), None),
+        # per MoE layer of ours: [experts held, gate_up rows (2 * intermediate per rank), their global ids]
+        "experts": [[m.gate_up_proj.shape[0], m.gate_up_proj.shape[1], m.local_experts] for m in model.modules()
+                    if hasattr(m, "local_experts")],
         "atom_host": host,
         # vLLM's torch.compile wrapper around atom-core's decoder (None: not an atom-core model)
         "decoder_compiled": (not model.decoder.do_not_compile) if hasattr(model, "core") else None,
