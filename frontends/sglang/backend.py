@@ -8,6 +8,9 @@ With SGLang's MLA token pool (DeepSeek architectures) they run the shared `mla_f
 the pool's latent buffer [slots, 1, r + rope]: block size 1, the same logical layout as our latent cache.
 Built once the pool exists, the backend compiles our attention kernels' variants for every layer right away
 (kernel_warmup), so that no serving step pays a Triton compile.
+Decode batches take part in SGLang's decode CUDA graphs through persistent metadata buffers (graphs.py); the other
+graphs SGLang captures either run our attention eagerly (breakable prefill graphs: attention is a graph break) or
+are refused with advice (full prefill graphs, speculative decoding's, CPU graphs).
 Imported only inside SGLang processes (it subclasses SGLang's AttentionBackend).
 """
 
@@ -24,13 +27,13 @@ from atom_core.forward_context import AttentionMetadata
 from atom_core.layers.attention import AttentionSpec, attention_forward, metadata_builder_of, mla_forward
 from atom_core.layers.kernel_warmup import AttentionCaches, warm_up
 from atom_frontends.sglang.config import extend_token_budget
+from atom_frontends.sglang.graphs import SEQ_LEN_FILL_VALUE, DecodeGraphBuffers, unsupported_graph
 from atom_frontends.sglang.metadata import build_metadata
 
 NAME = "atom"
-CUDA_GRAPH_ERROR = (
-    "atom-core's SGLang attention backend cannot be captured in CUDA/CPU graphs yet: start SGLang with "
-    "--disable-cuda-graph (sglang.Engine(..., disable_cuda_graph=True)) and without --enable-torch-compile "
-    "on CPU, or use another --attention-backend"
+CPU_GRAPH_ERROR = (
+    "atom-core's SGLang attention backend does not take part in SGLang's CPU graphs (device=\"cpu\" with "
+    "--enable-torch-compile): start SGLang on CPU without --enable-torch-compile, or use another --attention-backend"
 )
 _FLOAT_KV = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -89,6 +92,7 @@ class AtomAttnBackend(AttentionBackend):
         ours = any(hasattr(m, "metadata_builder") for m in model_runner.model.modules())
         self.build_metadata = metadata_builder_of(model_runner.model.modules()) if ours else build_metadata
         self.forward_metadata: AttentionMetadata | None = None
+        self.graph_buffers: DecodeGraphBuffers | None = None  # made by init_cuda_graph_state
         self._specs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._warm_up(model_runner)
 
@@ -122,37 +126,50 @@ class AtomAttnBackend(AttentionBackend):
         warm_up(dtype, context_len, budget,
                 attention=[AttentionCaches(self._spec(layer), self._caches(layer.layer_id)) for layer in layers])
 
-    # --- metadata -------------------------------------------------------------------------------
+    # --- metadata ---------------------------------------------------------------------------------
     def init_forward_metadata(self, forward_batch) -> None:
+        """Eager steps (extend, mixed, decode batches no graph serves, breakable prefill graphs' eager attention)."""
         self.forward_metadata = self.build_metadata(forward_batch, self.req_to_token_pool.req_to_token)
 
+    # --- decode CUDA graphs (graphs.py has the protocol) ---------------------------------------------
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+        self.graph_buffers = DecodeGraphBuffers(max_bs, max_num_tokens, self.req_to_token_pool.req_to_token,
+                                                self.mla)
+
+    def get_cuda_graph_seq_len_fill_value(self) -> int:
+        return SEQ_LEN_FILL_VALUE
+
     def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False) -> None:
-        if in_capture:
-            raise RuntimeError(CUDA_GRAPH_ERROR)
-        self.init_forward_metadata(forward_batch)
+        """Before a decode graph's capture (in_capture) and before each replay: the padded batch into the persistent
+        buffers; the graph reads them. Only decode graphs: a full prefill graph (--cuda-graph-backend-prefill=full)
+        or a speculative one is refused."""
+        mode = forward_batch.forward_mode
+        if not mode.is_decode():
+            raise unsupported_graph(f"a {mode.name} graph")
+        if self.graph_buffers is None:
+            raise RuntimeError("atom attention backend: a decode graph before init_cuda_graph_state")
+        self.forward_metadata = self.graph_buffers.refill(forward_batch)
 
     def init_forward_metadata_in_graph(self, forward_batch) -> None:
-        return None
-
-    # --- graphs: refused until supported -----------------------------------------------------------
-    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
-        raise RuntimeError(CUDA_GRAPH_ERROR)
+        """Starts each capture run (SGLang's warm-up run, then the captured one): per-step memos the previous run
+        made (the decode launch order, ...) must be made again inside this one, so the graph recomputes them."""
+        if self.forward_metadata is not None:
+            self.forward_metadata.plan_cache.clear()
 
     def init_forward_metadata_for_breakable_cuda_graph_capture(self, forward_batch):
-        raise RuntimeError(CUDA_GRAPH_ERROR)
+        # SGLang calls it only for backends with use_captured_forward_metadata_for_breakable_cuda_graph (not us):
+        # under breakable prefill graphs our attention runs eagerly (a graph break) on init_forward_metadata's.
+        raise unsupported_graph("captured metadata under breakable prefill graphs")
 
-    def get_cuda_graph_seq_len_fill_value(self):
-        raise RuntimeError(CUDA_GRAPH_ERROR)
-
-    # SGLang's CPUGraphRunner (device="cpu" with graphs on) calls these.
+    # SGLang's CPUGraphRunner (device="cpu" with --enable-torch-compile) calls these.
     def init_cpu_graph_state(self, *args, **kwargs):
-        raise RuntimeError(CUDA_GRAPH_ERROR)
+        raise RuntimeError(CPU_GRAPH_ERROR)
 
     def get_cpu_graph_seq_len_fill_value(self):
-        raise RuntimeError(CUDA_GRAPH_ERROR)
+        raise RuntimeError(CPU_GRAPH_ERROR)
 
     def init_forward_metadata_capture_cpu_graph(self, *args, **kwargs):
-        raise RuntimeError(CUDA_GRAPH_ERROR)
+        raise RuntimeError(CPU_GRAPH_ERROR)
 
     def support_triton(self) -> bool:
         return False
