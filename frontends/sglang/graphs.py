@@ -55,6 +55,8 @@ class DecodeGraphBuffers:
         self.positions = torch.zeros(max_bs, dtype=torch.int64, device=device)
         # MLA pool: the decode kernels read pages in CSR form (kv_indptr [G + 1], kv_indices [G * width])
         self.mla = mla_decode_buffers(max_bs, width, device) if mla else None
+        if self.mla is not None:
+            self.mla.kv_indices.zero_()  # never a garbage slot id, even past a step's pages
         self._metadata: dict[int, AttentionMetadata] = {}
 
     @property

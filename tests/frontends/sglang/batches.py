@@ -15,21 +15,21 @@ import torch
 
 
 def make_runner(num_layers: int, kv_heads: int, head_dim: int, slots: int = 512, max_context: int = 128,
-                dtype=torch.float32, mla_rope_dim: int | None = None):
+                dtype=torch.float32, mla_rope_dim: int | None = None, device: str = "cpu"):
     """What an attention backend takes from SGLang's ModelRunner: device, the two real pools, and what the
     start-up warm-up reads (a model without attention layers here, the context length, the step budget). With
     mla_rope_dim, the KV pool is SGLang's MLA pool: rows of head_dim = kv_lora_rank + mla_rope_dim (kv_heads 1)."""
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool, ReqToTokenPool
 
-    req = ReqToTokenPool(size=8, max_context_len=max_context, device="cpu", enable_memory_saver=False)
+    req = ReqToTokenPool(size=8, max_context_len=max_context, device=device, enable_memory_saver=False)
     if mla_rope_dim is None:
         kv = MHATokenToKVPool(size=slots, page_size=1, dtype=dtype, head_num=kv_heads, head_dim=head_dim,
-                              layer_num=num_layers, device="cpu", enable_memory_saver=False)
+                              layer_num=num_layers, device=device, enable_memory_saver=False)
     else:
         kv = MLATokenToKVPool(size=slots, page_size=1, dtype=dtype, kv_lora_rank=head_dim - mla_rope_dim,
-                              qk_rope_head_dim=mla_rope_dim, layer_num=num_layers, device="cpu",
+                              qk_rope_head_dim=mla_rope_dim, layer_num=num_layers, device=device,
                               enable_memory_saver=False)
-    return types.SimpleNamespace(device="cpu", req_to_token_pool=req, token_to_kv_pool=kv, model=torch.nn.Module(),
+    return types.SimpleNamespace(device=device, req_to_token_pool=req, token_to_kv_pool=kv, model=torch.nn.Module(),
                                  model_config=types.SimpleNamespace(context_len=max_context, dtype=dtype),
                                  server_args=types.SimpleNamespace(chunked_prefill_size=-1, max_prefill_tokens=64))
 
@@ -65,15 +65,17 @@ class Requests:
         loc = torch.cat([table[r, s:e] for r, s, e in zip(rids, starts, ends)]).long()
         positions = torch.cat([torch.arange(s, e) for s, e in zip(starts, ends)])
         seq_lens = torch.tensor(ends)
-        fields = dict(forward_mode=ForwardMode[mode], batch_size=len(rids), input_ids=torch.tensor(ids),
-                      req_pool_indices=torch.tensor(rids), seq_lens=seq_lens, out_cache_loc=loc,
-                      seq_lens_sum=sum(ends), seq_lens_cpu=seq_lens.clone(), positions=positions,
+        dev = table.device
+        fields = dict(forward_mode=ForwardMode[mode], batch_size=len(rids), input_ids=torch.tensor(ids, device=dev),
+                      req_pool_indices=torch.tensor(rids, device=dev), seq_lens=seq_lens.to(dev), out_cache_loc=loc,
+                      seq_lens_sum=sum(ends), seq_lens_cpu=seq_lens.clone(), positions=positions.to(dev),
                       capture_hidden_mode=CaptureHiddenMode.NULL)
         if mode != "DECODE":
-            fields.update(extend_num_tokens=sum(q_lens), extend_seq_lens=torch.tensor(q_lens),
-                          extend_prefix_lens=torch.tensor(starts), extend_prefix_lens_cpu=starts,
+            fields.update(extend_num_tokens=sum(q_lens), extend_seq_lens=torch.tensor(q_lens, device=dev),
+                          extend_prefix_lens=torch.tensor(starts, device=dev), extend_prefix_lens_cpu=starts,
                           extend_seq_lens_cpu=q_lens, extend_logprob_start_lens_cpu=q_lens,
-                          extend_start_loc=torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()[:-1]]))
+                          extend_start_loc=torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()[:-1]],
+                                                        device=dev))
         return ForwardBatch(**fields)
 
 

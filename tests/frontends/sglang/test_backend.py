@@ -175,18 +175,6 @@ def test_idle_batch_has_no_metadata_and_empty_output():
     assert out.shape == (0, HEADS * HEAD_DIM)
 
 
-def test_graph_capture_is_refused_with_advice():
-    from atom_frontends.sglang.backend import create_backend
-
-    runner = make_runner(LAYERS, KV_HEADS, HEAD_DIM)
-    backend = create_backend(runner)
-    for call in (lambda: backend.init_cuda_graph_state(8, 8), backend.get_cuda_graph_seq_len_fill_value,
-                 lambda: backend.init_forward_metadata_out_graph(None, in_capture=True),
-                 lambda: backend.init_cpu_graph_state(8, 8)):
-        with pytest.raises(RuntimeError, match="--disable-cuda-graph"):
-            call()
-
-
 def test_unsupported_layer_features_are_named():
     from sglang.srt.layers.radix_attention import RadixAttention
 
