@@ -2,13 +2,14 @@
 
 DecodeCudaGraphRunner (model_executor/runner/decode_cuda_graph_runner.py) makes its input buffers
 (DecodeInputBuffers + build_decode_registry, padding policy included), calls init_cuda_graph_state and
-get_cuda_graph_seq_len_fill_value; captures each size G largest first (capture_prepare's G-row DECODE ForwardBatch on
-those buffers, init_forward_metadata_out_graph(fb, in_capture=True), then run_once twice: warm-up and capture, each
-starting with init_forward_metadata_in_graph); and per replay runs fill_from (the real batch into the buffers,
-padding rows reset), build_replay_fb_view, init_forward_metadata_out_graph(view), graph.replay(). This class makes the
-same calls in that order with SGLang's own buffer classes and functions. The "graph" is one attention layer's
-forward on static q/k/v buffers: a real torch.cuda.CUDAGraph on CUDA; on CPU, where nothing can be captured, the same
-forward re-run on the same static buffers with the metadata captured for G (what a replay would read).
+get_cuda_graph_seq_len_fill_value; captures each size G largest first (capture_prepare's G-row DECODE ForwardBatch
+on those buffers, init_forward_metadata_out_graph(fb, in_capture=True), then run_once three times:
+FullCudaGraphBackend's two warm-ups and the capture, each starting with init_forward_metadata_in_graph); and per
+replay runs fill_from (the real batch into the buffers, padding rows reset), build_replay_fb_view,
+init_forward_metadata_out_graph(view), graph.replay(). This class makes the same calls in that order with SGLang's
+own buffer classes and functions. The "graph" is one attention layer's forward on static q/k/v buffers: a real
+torch.cuda.CUDAGraph on CUDA; on CPU, where nothing can be captured, the same forward re-run on the same static
+buffers with the metadata captured for G (what a replay would read).
 Needs SGLang's runtime context (batches.sglang_runtime).
 """
 
@@ -84,8 +85,9 @@ class DecodeGraphRunner:
         q = torch.zeros(size, *self.q_shape, device=self.device)
         k = torch.zeros(size, *self.k_shape, device=self.device)
         graph = Graph(fb, self.backend.forward_metadata, q, k, k[..., : self.v_of_k] if self.v_of_k else k.clone())
-        graph.pointers = metadata_pointers(graph.md)
-        self._run_once(graph)  # SGLang's warm-up run
+        graph.pointers = self._pointers(graph)
+        for _ in range(2):  # FullCudaGraphBackend.capture_one's two warm-up runs
+            self._run_once(graph)
         if self.device.type == "cuda":
             graph.cuda_graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph.cuda_graph):
@@ -93,6 +95,11 @@ class DecodeGraphRunner:
         else:
             graph.out = self._run_once(graph)
         return graph
+
+    def _pointers(self, graph: Graph) -> dict[str, int]:
+        """What the captured kernels read: the metadata's tensors and the layer's KV cache views of the pool."""
+        caches = self.backend._caches(self.layer.layer_id)
+        return metadata_pointers(graph.md) | {f"cache{i}": c.data_ptr() for i, c in enumerate(caches)}
 
     def _run_once(self, graph: Graph) -> torch.Tensor:
         self.backend.init_forward_metadata_in_graph(graph.fb)
@@ -125,5 +132,5 @@ class DecodeGraphRunner:
             # what the captured graph reads: the metadata object and tensors of its capture
             assert self.backend.forward_metadata is graph.md
             out = self.backend.forward(graph.q, graph.k, graph.v, self.layer, graph.fb)
-        assert metadata_pointers(graph.md) == graph.pointers, "a replay must read the capture's addresses"
+        assert self._pointers(graph) == graph.pointers, "a replay must read the capture's addresses"
         return out[:raw].clone()

@@ -141,7 +141,7 @@ def _stale_at_replay(monkeypatch, what: str) -> None:
 @pytest.mark.parametrize("what", ["block_tables", "seq_lens", "slot_mapping", "plan_cache"])
 def test_canary_a_stale_buffer_fails(runtime, monkeypatch, what):
     _stale_at_replay(monkeypatch, what)  # (the MLA pages' canary runs under the interpreter: Triton reads them)
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match="step"):  # a comparison fails, not the protocol's own checks
         assert_steps_match(decode_steps())
 
 
@@ -184,7 +184,7 @@ def run_under_triton(path: str) -> None:
         # canary: the MLA decode kernel reads its pages from the refilled kv_indices (the torch reference does not)
         with pytest.MonkeyPatch.context() as monkeypatch:
             _stale_at_replay(monkeypatch, "mla.kv_indices")
-            with pytest.raises(AssertionError):
+            with pytest.raises(AssertionError, match="step"):
                 assert_steps_match(decode_steps(mla=True))
     print("graph steps on triton passed")
 
