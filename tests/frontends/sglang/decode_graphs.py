@@ -7,15 +7,17 @@ on those buffers, init_forward_metadata_out_graph(fb, in_capture=True), then run
 FullCudaGraphBackend's two warm-ups and the capture, each starting with init_forward_metadata_in_graph); and per
 replay runs fill_from (the real batch into the buffers, padding rows reset), build_replay_fb_view,
 init_forward_metadata_out_graph(view), graph.replay(). This class makes the same calls in that order with SGLang's
-own buffer classes and functions. The "graph" is one attention layer's forward on static q/k/v buffers: a real
-torch.cuda.CUDAGraph on CUDA; on CPU, where nothing can be captured, the same forward re-run on the same static
-buffers with the metadata captured for G (what a replay would read).
+own buffer classes and functions. The "graph" is a step on static inputs (one attention layer's forward on static
+q/k/v buffers, or a whole model's forward on the runner's input_ids/positions): a real torch.cuda.CUDAGraph on CUDA;
+on CPU, where nothing can be captured, the same step re-run on the same static buffers with the metadata captured
+for G (what a replay would read).
 Needs SGLang's runtime context (batches.sglang_runtime).
 """
 
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -25,10 +27,8 @@ import torch
 class Graph:
     fb: object  # the capture ForwardBatch (views of the runner's buffers)
     md: object  # the backend's forward_metadata at capture
-    q: torch.Tensor  # static inputs [G, ...] and output of the captured forward
-    k: torch.Tensor
-    v: torch.Tensor
-    out: torch.Tensor | None = None
+    inputs: Sequence[torch.Tensor]  # the step's static inputs besides fb's, [G, ...]
+    out: torch.Tensor | None = None  # the captured step's output
     cuda_graph: object = None
     pointers: dict | None = None  # data_ptr of every tensor the kernels read, at capture
 
@@ -43,14 +43,17 @@ def metadata_pointers(md) -> dict[str, int]:
 
 
 class DecodeGraphRunner:
-    def __init__(self, backend, layer, sizes: list[int], q_shape: tuple, k_shape: tuple, v_of_k=None) -> None:
-        """q_shape / k_shape: one token's q and k ([heads*d] or [heads, d]); v_of_k: v as a view of k (SGLang's MLA
-        convention), else v has k's shape."""
+    def __init__(self, backend, sizes: list[int], step: Callable[..., torch.Tensor],
+                 static_inputs: Callable[[int], Sequence[torch.Tensor]] = lambda size: (),
+                 caches: Sequence[torch.Tensor] = ()) -> None:
+        """step(fb, *static_inputs(G)) → output [G, ...]: what a graph of size G captures, run inside SGLang's
+        forward context for fb; replay(fb, *values) writes values into the static inputs' first rows. caches: the KV
+        cache views the step reads (their addresses are checked too)."""
         from sglang.srt.model_executor.cuda_graph_buffer_registry import build_decode_registry
         from sglang.srt.model_executor.runner_utils.buffers import DecodeInputBuffers
 
-        self.backend, self.layer, self.sizes = backend, layer, sorted(sizes)
-        self.q_shape, self.k_shape, self.v_of_k = q_shape, k_shape, v_of_k
+        self.backend, self.sizes, self.step, self.static_inputs = backend, sorted(sizes), step, static_inputs
+        self.caches = caches
         self.device = torch.device(backend.device)
         max_bs = self.sizes[-1]
         backend.init_cuda_graph_state(max_bs, max_bs)
@@ -82,9 +85,7 @@ class DecodeGraphRunner:
                           seq_lens_sum=int(slot["seq_lens"].sum()), capture_hidden_mode=CaptureHiddenMode.NULL,
                           **slot)
         self.backend.init_forward_metadata_out_graph(fb, in_capture=True)
-        q = torch.zeros(size, *self.q_shape, device=self.device)
-        k = torch.zeros(size, *self.k_shape, device=self.device)
-        graph = Graph(fb, self.backend.forward_metadata, q, k, k[..., : self.v_of_k] if self.v_of_k else k.clone())
+        graph = Graph(fb, self.backend.forward_metadata, self.static_inputs(size))
         graph.pointers = self._pointers(graph)
         for _ in range(2):  # FullCudaGraphBackend.capture_one's two warm-up runs
             self._run_once(graph)
@@ -97,17 +98,23 @@ class DecodeGraphRunner:
         return graph
 
     def _pointers(self, graph: Graph) -> dict[str, int]:
-        """What the captured kernels read: the metadata's tensors and the layer's KV cache views of the pool."""
-        caches = self.backend._caches(self.layer.layer_id)
-        return metadata_pointers(graph.md) | {f"cache{i}": c.data_ptr() for i, c in enumerate(caches)}
+        """What the captured kernels read: the metadata's tensors and the KV cache views."""
+        return metadata_pointers(graph.md) | {f"cache{i}": c.data_ptr() for i, c in enumerate(self.caches)}
+
+    def _run(self, graph: Graph) -> torch.Tensor:
+        from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+
+        with forward_context(ForwardContext(attn_backend=self.backend), forward_batch=graph.fb):
+            return self.step(graph.fb, *graph.inputs)
 
     def _run_once(self, graph: Graph) -> torch.Tensor:
         self.backend.init_forward_metadata_in_graph(graph.fb)
-        return self.backend.forward(graph.q, graph.k, graph.v, self.layer, graph.fb)
+        return self._run(graph)
 
-    def replay(self, fb, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None) -> torch.Tensor:
+    def replay(self, fb, *values: torch.Tensor) -> torch.Tensor:
         """One decode step of the real batch fb through the graph of the smallest captured size >= its batch size:
-        the real rows' outputs [raw_bs, ...]. Padding rows get random q/k/v (what stale buffers hold)."""
+        the real rows' outputs [raw_bs, ...]. Static inputs' padding rows get random values (what stale buffers
+        hold); those not given values (a view of another, as SGLang's MLA v of k) are left alone."""
         from sglang.srt.model_executor.forward_batch_info import ForwardMode
         from sglang.srt.model_executor.runner.decode_cuda_graph_runner import build_replay_fb_view
 
@@ -119,18 +126,15 @@ class DecodeGraphRunner:
                                     global_num_tokens_cpu=None, seq_len_fill_value=self.fill,
                                     capture_forward_mode=ForwardMode.DECODE, is_encoder_decoder=False)
         self.backend.init_forward_metadata_out_graph(view)
-        for static, new in ((graph.q, q), (graph.k, k)):
+        for static, new in zip(graph.inputs, values):
             static.normal_()
             static[:raw].copy_(new)
-        if self.v_of_k is None:
-            graph.v.normal_()
-            graph.v[:raw].copy_(v)
         if graph.cuda_graph is not None:
             graph.cuda_graph.replay()
             out = graph.out
         else:
             # what the captured graph reads: the metadata object and tensors of its capture
             assert self.backend.forward_metadata is graph.md
-            out = self.backend.forward(graph.q, graph.k, graph.v, self.layer, graph.fb)
+            out = self._run(graph)
         assert self._pointers(graph) == graph.pointers, "a replay must read the capture's addresses"
         return out[:raw].clone()

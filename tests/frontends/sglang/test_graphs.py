@@ -66,7 +66,15 @@ def decode_steps(mla: bool = False, window: int | None = None, device: str = "cp
     layer = _layer(mla, window)
     graph_backend = create_backend(runners[0])
     q_shape, k_shape = ((HEADS, RANK + ROPE), (1, RANK + ROPE)) if mla else ((HEADS * HEAD_DIM,), (KV_HEADS, HEAD_DIM))
-    graphs = DecodeGraphRunner(graph_backend, layer, SIZES, q_shape, k_shape, v_of_k=RANK if mla else None)
+
+    def static_inputs(size: int) -> tuple[torch.Tensor, ...]:
+        q, k = torch.zeros(size, *q_shape, device=device), torch.zeros(size, *k_shape, device=device)
+        return (q, k, k[..., :RANK]) if mla else (q, k, torch.zeros_like(k))  # SGLang's MLA v: a view of k
+
+    def step(fb, q, k, v):
+        return graph_backend.forward(q, k, v, layer, fb)
+
+    graphs = DecodeGraphRunner(graph_backend, SIZES, step, static_inputs, graph_backend._caches(layer.layer_id))
     graphs.capture()  # its runs write SGLang's padding slot 0: copy the pool afterwards
     for other in runners[1:]:
         for a, b in zip(_pool_buffers(runners[0]), _pool_buffers(other)):
@@ -79,7 +87,7 @@ def decode_steps(mla: bool = False, window: int | None = None, device: str = "cp
         q, k = torch.randn(t, *q_shape, device=device), torch.randn(t, *k_shape, device=device)
         v = k[..., :RANK] if mla else torch.randn(t, *k_shape, device=device)
         if t <= SIZES[-1]:
-            got = graphs.replay(fbs[0], q, k, None if mla else v)
+            got = graphs.replay(fbs[0], q, k) if mla else graphs.replay(fbs[0], q, k, v)
             padding = graph_backend.forward_metadata.slot_mapping[t:].tolist()
         else:  # larger than any graph: SGLang runs it eagerly, on the same backend
             graph_backend.init_forward_metadata(fbs[0])
