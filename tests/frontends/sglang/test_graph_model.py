@@ -6,6 +6,7 @@ the graph (padding rows) and growing lengths; then a decode batch runs eagerly o
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tests.frontends.sglang.batches import Requests, load_sglang_model, make_runner, sglang_runtime
@@ -25,41 +26,61 @@ def _hf_last_logits(path, prefixes: list[list[int]]) -> list[torch.Tensor]:
         return [model(torch.tensor([p])).logits[0, -1] for p in prefixes]
 
 
-def test_model_decode_steps_through_graphs_match_transformers(sglang_checkpoint):
+def decode_through_graphs(path, device: str = "cpu") -> tuple[list[torch.Tensor], list[list[int]]]:
+    """Each decoded row's logits (on the CPU) and the prefix they predict from."""
     from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
 
     from atom_frontends.sglang.backend import create_backend
 
+    model = load_sglang_model(path).to(device)
+    cfg = model.config
+    runner = make_runner(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, device=device)
+    backend = create_backend(runner)
+    reqs = Requests(runner)
+    rids = [reqs.add(p) for p in PROMPTS]
+
+    def step(fb):
+        return model(fb.input_ids, fb.positions, fb).next_token_logits
+
+    graphs = DecodeGraphRunner(backend, [2, 4], step)
+    graphs.capture()
+    prefill = reqs.batch({r: (0, len(p) - DECODED) for r, p in zip(rids, PROMPTS)})
+    backend.init_forward_metadata(prefill)
+    with forward_context(ForwardContext(attn_backend=backend), forward_batch=prefill):
+        step(prefill)
+    done = {r: len(p) - DECODED for r, p in zip(rids, PROMPTS)}  # tokens in the KV cache
+    got, prefixes = [], []
+    for i, step_rids in enumerate(STEPS):
+        fb = reqs.batch({r: (done[r], done[r] + 1) for r in step_rids})
+        if i < len(STEPS) - 1:
+            got += list(graphs.replay(fb).cpu())
+        else:  # as SGLang runs a decode batch no graph serves: eagerly, on the same backend
+            backend.init_forward_metadata(fb)
+            with forward_context(ForwardContext(attn_backend=backend), forward_batch=fb):
+                got += list(step(fb).cpu())
+        for r in step_rids:
+            done[r] += 1
+            prefixes.append(PROMPTS[r - 1][: done[r]])
+    return got, prefixes
+
+
+def assert_match_transformers(path, got: list[torch.Tensor], prefixes: list[list[int]], tol: float) -> None:
+    for i, (ours, want) in enumerate(zip(got, _hf_last_logits(path, prefixes), strict=True)):
+        torch.testing.assert_close(ours, want, atol=tol, rtol=tol, msg=f"row {i} ({prefixes[i]})")
+
+
+def test_model_decode_steps_through_graphs_match_transformers(sglang_checkpoint):
     path = sglang_checkpoint("qwen3")
     with sglang_runtime(path):
-        model = load_sglang_model(path)
-        cfg = model.config
-        runner = make_runner(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim)
-        backend = create_backend(runner)
-        reqs = Requests(runner)
-        rids = [reqs.add(p) for p in PROMPTS]
+        got, prefixes = decode_through_graphs(path)
+    assert_match_transformers(path, got, prefixes, 2e-5)
 
-        def step(fb):
-            return model(fb.input_ids, fb.positions, fb).next_token_logits
 
-        graphs = DecodeGraphRunner(backend, [2, 4], step)
-        graphs.capture()
-        prefill = reqs.batch({r: (0, len(p) - DECODED) for r, p in zip(rids, PROMPTS)})
-        backend.init_forward_metadata(prefill)
-        with forward_context(ForwardContext(attn_backend=backend), forward_batch=prefill):
-            step(prefill)
-        done = {r: len(p) - DECODED for r, p in zip(rids, PROMPTS)}  # tokens in the KV cache
-        got, prefixes = [], []
-        for i, step_rids in enumerate(STEPS):
-            fb = reqs.batch({r: (done[r], done[r] + 1) for r in step_rids})
-            if i < len(STEPS) - 1:
-                got += list(graphs.replay(fb))
-            else:  # as SGLang runs a decode batch no graph serves: eagerly, on the same backend
-                backend.init_forward_metadata(fb)
-                with forward_context(ForwardContext(attn_backend=backend), forward_batch=fb):
-                    got += list(step(fb))
-            for r in step_rids:
-                done[r] += 1
-                prefixes.append(PROMPTS[r - 1][: done[r]])
-    for i, (ours, want) in enumerate(zip(got, _hf_last_logits(path, prefixes))):
-        torch.testing.assert_close(ours, want, atol=2e-5, rtol=1e-5, msg=f"row {i} ({prefixes[i]})")
+@pytest.mark.gpu
+def test_model_decode_steps_on_cuda_graphs_match_transformers(sglang_checkpoint):
+    """The same steps with the model and pools on the GPU: each decode graph a real torch.cuda.CUDAGraph of the
+    whole model forward (our Triton kernels, SGLang's logits processor)."""
+    path = sglang_checkpoint("qwen3")
+    with sglang_runtime(path):
+        got, prefixes = decode_through_graphs(path, "cuda")
+    assert_match_transformers(path, got, prefixes, 1e-4)
