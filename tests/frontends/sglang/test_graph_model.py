@@ -1,8 +1,9 @@
-"""A whole atom-core model (Qwen3, our SGLang EntryClass) decoding through SGLang's decode-graph protocol: requests
-prefilled eagerly, then decode steps replayed through graphs captured once (decode_graphs.DecodeGraphRunner: SGLang's
-own input buffers, padding, replay view), every layer reading the one captured metadata through the runtime bridge.
-Each real row's logits == transformers' on the same checkpoint (the outside oracle), for batches with fewer rows than
-the graph (padding rows) and growing lengths; then a decode batch runs eagerly on the same backend."""
+"""Whole atom-core models (our SGLang EntryClasses: Qwen3; DeepSeek-V3 on SGLang's MLA pool) decoding through
+SGLang's decode-graph protocol: requests prefilled eagerly, then decode steps replayed through graphs captured once
+(decode_graphs.DecodeGraphRunner: SGLang's own input buffers, padding, replay view), every layer reading the one
+captured metadata through the runtime bridge. Each real row's logits == transformers' on the same checkpoint (the
+outside oracle), for batches with fewer rows than the graph (padding rows) and growing lengths; then a decode batch
+runs eagerly on the same backend."""
 
 from __future__ import annotations
 
@@ -34,7 +35,11 @@ def decode_through_graphs(path, device: str = "cpu") -> tuple[list[torch.Tensor]
 
     model = load_sglang_model(path).to(device)
     cfg = model.config
-    runner = make_runner(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, device=device)
+    if getattr(cfg, "kv_lora_rank", None):  # DeepSeek: SGLang's MLA pool, rows of kv_lora_rank + qk_rope_head_dim
+        pool = dict(kv_heads=1, head_dim=cfg.kv_lora_rank + cfg.qk_rope_head_dim, mla_rope_dim=cfg.qk_rope_head_dim)
+    else:
+        pool = dict(kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim)
+    runner = make_runner(cfg.num_hidden_layers, device=device, **pool)
     backend = create_backend(runner)
     reqs = Requests(runner)
     rids = [reqs.add(p) for p in PROMPTS]
@@ -69,18 +74,20 @@ def assert_match_transformers(path, got: list[torch.Tensor], prefixes: list[list
         torch.testing.assert_close(ours, want, atol=tol, rtol=tol, msg=f"row {i} ({prefixes[i]})")
 
 
-def test_model_decode_steps_through_graphs_match_transformers(sglang_checkpoint):
-    path = sglang_checkpoint("qwen3")
+@pytest.mark.parametrize("arch", ["Qwen3ForCausalLM", "DeepseekV3ForCausalLM"])
+def test_model_decode_steps_through_graphs_match_transformers(checkpoint_factory, arch):
+    path = checkpoint_factory(arch)
     with sglang_runtime(path):
         got, prefixes = decode_through_graphs(path)
     assert_match_transformers(path, got, prefixes, 2e-5)
 
 
 @pytest.mark.gpu
-def test_model_decode_steps_on_cuda_graphs_match_transformers(sglang_checkpoint):
+@pytest.mark.parametrize("arch", ["Qwen3ForCausalLM", "DeepseekV3ForCausalLM"])
+def test_model_decode_steps_on_cuda_graphs_match_transformers(checkpoint_factory, arch):
     """The same steps with the model and pools on the GPU: each decode graph a real torch.cuda.CUDAGraph of the
     whole model forward (our Triton kernels, SGLang's logits processor)."""
-    path = sglang_checkpoint("qwen3")
+    path = checkpoint_factory(arch)
     with sglang_runtime(path):
         got, prefixes = decode_through_graphs(path, "cuda")
     assert_match_transformers(path, got, prefixes, 1e-4)
