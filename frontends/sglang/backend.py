@@ -89,6 +89,7 @@ class AtomAttnBackend(AttentionBackend):
         self.req_to_token_pool = model_runner.req_to_token_pool
         self.token_to_kv_pool = model_runner.token_to_kv_pool
         self.mla = self._check_pool(self.token_to_kv_pool)
+        self.context_len = model_runner.model_config.context_len
         ours = any(hasattr(m, "metadata_builder") for m in model_runner.model.modules())
         self.build_metadata = metadata_builder_of(model_runner.model.modules()) if ours else build_metadata
         self.forward_metadata: AttentionMetadata | None = None
@@ -134,7 +135,7 @@ class AtomAttnBackend(AttentionBackend):
     # --- decode CUDA graphs (graphs.py has the protocol) ---------------------------------------------
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
         self.graph_buffers = DecodeGraphBuffers(max_bs, max_num_tokens, self.req_to_token_pool.req_to_token,
-                                                self.mla)
+                                                self.mla, self.context_len)
 
     def get_cuda_graph_seq_len_fill_value(self) -> int:
         return SEQ_LEN_FILL_VALUE

@@ -12,8 +12,8 @@ so every replay refills those same addresses, outside the graph, before replayin
 req_to_token (block size 1: a request's row IS its block table), seq_lens, slot mapping, positions and, over SGLang's
 MLA pool, the MLA decode page indices. Padding rows attend to one key of req_to_token's row 0 (SGLang's padding row)
 and write nowhere (slot -1), so they never touch a real request's KV. The hints are static: every row one query
-token (num_decodes = G), max_seq_len = req_to_token's width, an upper bound of any context, so the kernels' grids
-and split counts are the same on every replay. Nothing here syncs with the device (the gather, the copies and the
+token (num_decodes = G), max_seq_len = the model's context length, an upper bound of any context, so the kernels'
+grids and split counts are the same on every replay. Nothing here syncs with the device (the gather, the copies and the
 MLA page indices are device ops), and the per-step memo (plan_cache) is cleared at every capture run and replay.
 """
 
@@ -40,13 +40,16 @@ def unsupported_graph(what: str) -> NotImplementedError:
 class DecodeGraphBuffers:
     """Persistent metadata of SGLang's decode graphs, for batches of up to max_bs requests of one new token."""
 
-    def __init__(self, max_bs: int, max_num_tokens: int, req_to_token: torch.Tensor, mla: bool) -> None:
-        """req_to_token: SGLang's [max_reqs + 1, max_context_len] int32 table (row 0: its padding row)."""
+    def __init__(self, max_bs: int, max_num_tokens: int, req_to_token: torch.Tensor, mla: bool,
+                 context_len: int) -> None:
+        """req_to_token: SGLang's [max_reqs + 1, max_context_len] int32 table (row 0: its padding row; a few columns
+        past the model's context_len); context_len: the longest sequence SGLang admits, the graphs' max_seq_len hint
+        (the bound kernel_warmup compiled the kernels' variants for)."""
         if max_num_tokens != max_bs:
             raise unsupported_graph(f"a graph of {max_num_tokens} tokens for {max_bs} requests (speculative "
                                     "decoding's verify/draft graphs)")
         device, width = req_to_token.device, req_to_token.shape[1]
-        self.req_to_token = req_to_token
+        self.req_to_token, self.max_seq_len = req_to_token, min(context_len, width)
         self.block_tables = torch.zeros(max_bs, width, dtype=torch.int32, device=device)  # [G, max_context_len]
         self.seq_lens = torch.full((max_bs,), SEQ_LEN_FILL_VALUE, dtype=torch.int32, device=device)
         # one query token per row, padding rows too: the same offsets on every step, written once
@@ -72,7 +75,7 @@ class DecodeGraphBuffers:
             md = self._metadata[bs] = AttentionMetadata.from_query_lens(
                 [1] * bs, slot_mapping=self.slot_mapping[:bs], block_tables=self.block_tables[:bs],
                 seq_lens=self.seq_lens[:bs], query_start_loc=self.query_start_loc[: bs + 1],
-                positions=self.positions[:bs], max_seq_len=self.block_tables.shape[1])
+                positions=self.positions[:bs], max_seq_len=self.max_seq_len)
         return md
 
     def refill(self, forward_batch) -> AttentionMetadata:
