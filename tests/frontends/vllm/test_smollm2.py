@@ -47,7 +47,8 @@ def test_vllm_openai_server_chat_equals_transformers(smollm2, smollm2_converted_
     port = free_port()
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(path), "--port", str(port),
            "--host", "127.0.0.1", "--served-model-name", "smollm2", "--dtype", "float32", "--max-model-len", "512",
-           "--no-enable-prefix-caching", "--disable-uvicorn-access-log"]
+           "--no-enable-prefix-caching", "--disable-uvicorn-access-log",
+           "--enforce-eager"]  # the chat path is under test here; vllm_runs above runs the compiled model
     env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     with server(cmd, port, tmp_path, env) as url:
         texts = greedy_chats(url, "smollm2", CHATS, NEW_TOKENS)
