@@ -17,8 +17,11 @@ from __future__ import annotations
 import argparse
 import datetime
 import functools
+import hashlib
+import json
 import random
 import re
+import shutil
 import statistics
 import tempfile
 import time
@@ -37,12 +40,26 @@ SMALL_QWEN3 = dict(vocab_size=4096, hidden_size=256, intermediate_size=768, num_
 QWEN3_06B = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
                  num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True,
                  max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6)
-QWEN3_30B_A3B_4L = dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
-                        num_experts=128, num_experts_per_tok=8, norm_topk_prob=True, mlp_only_layers=[],
-                        decoder_sparse_step=1, num_hidden_layers=4, num_attention_heads=32, num_key_value_heads=4,
-                        head_dim=128, tie_word_embeddings=False, max_position_embeddings=40960,
-                        rope_theta=1000000.0, rms_norm_eps=1e-6)
-SHAPES = {"qwen3-0.6b": ("Qwen3ForCausalLM", QWEN3_06B), "qwen3-30b-a3b-4l": ("Qwen3MoeForCausalLM", QWEN3_30B_A3B_4L)}
+QWEN3_30B_A3B = dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+                     num_experts=128, num_experts_per_tok=8, norm_topk_prob=True, mlp_only_layers=[],
+                     decoder_sparse_step=1, num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4,
+                     head_dim=128, tie_word_embeddings=False, max_position_embeddings=40960,
+                     rope_theta=1000000.0, rms_norm_eps=1e-6)
+QWEN3_30B_A3B_4L = dict(QWEN3_30B_A3B, num_hidden_layers=4)
+# DeepSeek-V3 (671B): MLA (q-LoRA 1536, latent 512 + rope 64, 128 heads), 256 routed experts (top 8 of 4 of 8 groups,
+# sigmoid + noaux_tc) + 1 shared, the first 3 layers dense, yarn rope. 61 layers: benchmarks cut it (multi_gpu.py).
+DEEPSEEK_V3 = dict(vocab_size=129280, hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048,
+                   n_routed_experts=256, num_experts_per_tok=8, n_shared_experts=1, first_k_dense_replace=3,
+                   topk_method="noaux_tc", scoring_func="sigmoid", n_group=8, topk_group=4, norm_topk_prob=True,
+                   routed_scaling_factor=2.5, num_hidden_layers=61, num_attention_heads=128, num_key_value_heads=128,
+                   q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+                   rope_parameters={"rope_type": "yarn", "factor": 40.0, "rope_theta": 10000.0,
+                                    "original_max_position_embeddings": 4096, "mscale": 1.0, "mscale_all_dim": 1.0,
+                                    "beta_fast": 32, "beta_slow": 1},
+                   max_position_embeddings=163840, rms_norm_eps=1e-6, tie_word_embeddings=False)
+SHAPES = {"qwen3-0.6b": ("Qwen3ForCausalLM", QWEN3_06B), "qwen3-30b-a3b-4l": ("Qwen3MoeForCausalLM", QWEN3_30B_A3B_4L),
+          "qwen3-30b-a3b": ("Qwen3MoeForCausalLM", QWEN3_30B_A3B),
+          "deepseek-v3": ("DeepseekV3ForCausalLM", DEEPSEEK_V3)}
 # The offline workload (native_gpu.py --throughput, vllm_peer.py, vllm_plugin_gpu.py's offline row): 256 requests,
 # prompt and output lengths uniform in [100, 1024]; MAX_MODEL_LEN covers it.
 OFFLINE_REQUESTS, OFFLINE_MIN, OFFLINE_MAX = 256, 100, 1024
@@ -71,8 +88,9 @@ class Report:
         print(s, flush=True)
         self.lines.append(s)
 
-    def save(self, out: str | None) -> Path:
-        slug = re.sub(r"[^A-Za-z0-9]+", "-", torch.cuda.get_device_name()).strip("-")
+    def save(self, out: str | None, device: str | None = None) -> Path:
+        """device names the default file (default: this process's GPU)."""
+        slug = re.sub(r"[^A-Za-z0-9]+", "-", device or torch.cuda.get_device_name()).strip("-")
         path = Path(out or RESULTS / f"{self.stem}-{datetime.date.today()}-{slug}.txt")
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("\n".join(self.lines) + "\n")
@@ -214,16 +232,23 @@ def small_checkpoint(folder: str) -> str:
     return str(build_checkpoint(folder, "Qwen3ForCausalLM", tokenizer=False, **SMALL_QWEN3))
 
 
-def shaped_checkpoint(path: str | None, shape: str = "qwen3-0.6b") -> str:
-    """A random-weight checkpoint of one of SHAPES, built once (into the temp dir unless path says where)
-    and reused by later runs."""
+def shaped_checkpoint(path: str | None, shape: str = "qwen3-0.6b", dtype: str = "float32", **overrides) -> str:
+    """A random-weight checkpoint of one of SHAPES (its config changed by overrides: a cut, a tiny variant), weights
+    in dtype, built once (into the temp dir unless path says where) and reused by later runs."""
     from atom_frontends.native.demo import build_checkpoint
 
-    p = Path(path or Path(tempfile.gettempdir()) / f"atom-core-{shape}-random")
+    variant = ""
+    if overrides or dtype != "float32":  # its own folder: a digest of what differs from the shape
+        variant = "-" + hashlib.sha1(json.dumps([dtype, overrides], sort_keys=True).encode()).hexdigest()[:10]
+    p = Path(path or Path(tempfile.gettempdir()) / f"atom-core-{shape}-random{variant}")
     if not (p / "config.json").is_file():
         t = time.perf_counter()
         arch, cfg = SHAPES[shape]
-        build_checkpoint(p, arch, seed=0, tokenizer=False, **cfg)
+        # built beside it, then renamed: a build cut short (tens of GB take minutes) is never taken for a checkpoint
+        tmp = p.with_name(p.name + ".partial")
+        shutil.rmtree(tmp, ignore_errors=True)
+        build_checkpoint(tmp, arch, seed=0, tokenizer=False, dtype=dtype, **{**cfg, **overrides})
+        tmp.rename(p)
         print(f"built checkpoint {p} in {time.perf_counter() - t:.0f} s")
     return str(p)
 

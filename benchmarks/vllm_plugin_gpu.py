@@ -82,39 +82,53 @@ def profile_rows(llm, vocab: int, rows: list[str]) -> str:
     return "\n".join(parts)
 
 
+def model_class(model) -> str:
+    """Which model class a vLLM worker runs. For llm.apply_model, which pickles it into vLLM's engine and worker
+    processes when they are others: by reference, so not a lambda, nor defined in a script run as __main__."""
+    return f"{type(model).__module__}.{type(model).__qualname__}"
+
+
+def time_requests(llm, requests: list[dict], params: list, repeats: int) -> dict:
+    """Output tokens/s of one llm.generate of these requests: run once untimed, then timed `repeats` times.
+    {"tok_s": the median, "runs": each run's, "tokens": the last run's tokens, "first_s": the untimed run's
+    seconds, "jit": the Triton compilations inside the timed runs (this process's: none are seen from here when
+    the model runs in vLLM's worker processes)}."""
+    from atom_kernels.triton.jit_watch import JitWatch
+
+    expected = sum(p.max_tokens for p in params)
+    # Once untimed first: kernels JIT-compiled on first use (our Triton attention picks its tiles by query length)
+    # and allocator growth stay out of the timed runs, for both sides alike.
+    t = time.perf_counter()
+    llm.generate(requests, params, use_tqdm=False)
+    first_s = time.perf_counter() - t
+    rates = []
+    with JitWatch() as jit:  # Triton compilations inside the timed runs (a variant first met there)
+        for _ in range(repeats):
+            t = time.perf_counter()
+            outs = llm.generate(requests, params, use_tqdm=False)
+            elapsed = time.perf_counter() - t
+            produced = sum(len(o.outputs[0].token_ids) for o in outs)
+            assert produced == expected, f"{produced} tokens, expected {expected}"
+            rates.append(produced / elapsed)
+    return {"tok_s": statistics.median(rates), "runs": rates, "tokens": [list(o.outputs[0].token_ids) for o in outs],
+            "first_s": first_s, "jit": str(jit)}
+
+
 def worker(path: str, rows: list[str], profile: bool = False, repeats: int = 1) -> dict:
     """One side, in this process: one engine, a warm-up, then each row timed `repeats` times (the median counts)."""
     from vllm import LLM
-
-    from atom_kernels.triton.jit_watch import JitWatch
 
     vocab = json.loads((Path(path) / "config.json").read_text())["vocab_size"]
     t0 = time.perf_counter()
     llm = LLM(model=path, dtype="bfloat16", skip_tokenizer_init=True, max_model_len=MAX_MODEL_LEN, seed=0)
     result = {"startup_s": time.perf_counter() - t0}
     for row in rows:
-        requests, params = requests_and_params(vocab, row)
-        expected = sum(p.max_tokens for p in params)
-        # The same row once untimed first: kernels JIT-compiled on first use (our Triton attention picks its
-        # tiles by query length) and allocator growth stay out of the timed run, for both sides alike.
-        t = time.perf_counter()
-        llm.generate(requests, params, use_tqdm=False)
-        result[f"{row}_first_s"] = time.perf_counter() - t
-        rates = []
-        with JitWatch() as jit:  # Triton compilations inside the timed runs (a variant first met there)
-            for _ in range(repeats):
-                t = time.perf_counter()
-                outs = llm.generate(requests, params, use_tqdm=False)
-                elapsed = time.perf_counter() - t
-                produced = sum(len(o.outputs[0].token_ids) for o in outs)
-                assert produced == expected, f"{row}: {produced} tokens, expected {expected}"
-                rates.append(produced / elapsed)
-        result[f"{row}_jit"] = str(jit)
-        result[row] = {"tok_s": statistics.median(rates), "runs": rates,
-                       "tokens": [list(o.outputs[0].token_ids) for o in outs]}
+        timed = time_requests(llm, *requests_and_params(vocab, row), repeats)
+        result[f"{row}_first_s"], result[f"{row}_jit"] = timed.pop("first_s"), timed.pop("jit")
+        result[row] = timed
     if profile:
         result["profile"] = profile_rows(llm, vocab, rows)
-    result["model"] = llm.apply_model(lambda m: f"{type(m).__module__}.{type(m).__qualname__}")[0]
+    result["model"] = llm.apply_model(model_class)[0]
     result["cudagraph_mode"] = str(llm.llm_engine.vllm_config.compilation_config.cudagraph_mode)
     return result
 

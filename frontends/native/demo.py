@@ -77,8 +77,8 @@ def byte_level_tokenizer():
 
 
 def build_checkpoint(path: str | os.PathLike, arch: str = "Qwen3ForCausalLM", seed: int = 0,
-                     tokenizer: bool = True, **overrides: Any) -> Path:
-    """Save a random-weight `arch` checkpoint to `path` (float32 unless overridden) and return it."""
+                     tokenizer: bool = True, dtype: str = "float32", **overrides: Any) -> Path:
+    """Save a random-weight `arch` checkpoint to `path` (weights in `dtype`, a torch dtype's name) and return it."""
     import torch
     import transformers
 
@@ -97,7 +97,14 @@ def build_checkpoint(path: str | os.PathLike, arch: str = "Qwen3ForCausalLM", se
     config_cls = getattr(transformers, arch.replace("ForCausalLM", "Config"))
     config = config_cls(**fields)
     torch.manual_seed(seed)
-    model = getattr(transformers, arch)(config).to(torch.float32)
+    torch_dtype, default = getattr(torch, dtype), torch.get_default_dtype()
+    # built in that dtype from the start: a multi-billion-parameter benchmark checkpoint in bfloat16 then needs half
+    # the memory and init time of a float32 one converted afterwards
+    torch.set_default_dtype(torch_dtype)
+    try:
+        model = getattr(transformers, arch)(config).to(torch_dtype)
+    finally:
+        torch.set_default_dtype(default)
     _randomize_correction_bias(model, seed)
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
