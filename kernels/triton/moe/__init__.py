@@ -130,6 +130,13 @@ def _gate_up_kernel(x_ptr, w_ptr, sorted_ptr, expert_ids_ptr, post_pad_ptr, act_
         a_ptrs += BLOCK_K
         g_ptrs += BLOCK_K * sw_k
         u_ptrs += BLOCK_K * sw_k
+    store_silu_mul(act_ptr, acc_g, acc_u, pair, valid, n0, INTER, BLOCK_N)
+
+
+@triton.jit
+def store_silu_mul(act_ptr, acc_g, acc_u, pair, valid, n0, INTER, BLOCK_N: tl.constexpr):
+    """act[pair, n0:n0 + BLOCK_N] = silu(gate) * up of fp32 accumulators [BLOCK_M, BLOCK_N], each rounded to act's
+    dtype first as the reference rounds its matmul outputs; padding rows (valid False) and columns >= INTER unstored."""
     dtype = act_ptr.dtype.element_ty
     gate = acc_g.to(dtype).to(tl.float32)
     up = acc_u.to(dtype).to(tl.float32)

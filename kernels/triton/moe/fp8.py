@@ -28,7 +28,7 @@ import triton.language as tl
 from atom_kernels.reference.moe import check_moe_args
 from atom_kernels.triton._utils import FLOAT_DTYPES, check, check_dtype, check_same_device, pdl, pdl_prologue
 from atom_kernels.triton.fp8_quant import has_fp8_dot
-from atom_kernels.triton.moe import _block_pairs, _sum_topk_kernel, _tile, moe_config
+from atom_kernels.triton.moe import _block_pairs, _sum_topk_kernel, _tile, moe_config, store_silu_mul
 from atom_kernels.triton.moe import warm_up_shapes as warm_up_shapes  # same tile buckets as fused_moe
 from atom_kernels.triton.moe.align import max_blocks, moe_align
 from atom_kernels.triton.moe.fp8_gemv import fp8_moe_gemv, k_tile, quantized_input
@@ -91,13 +91,7 @@ def _fp8_gate_up_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, sorted_ptr, expert_ids_ptr
             sg, su = xs * sg, xs * su
         acc_g += _tile_dot(a, g, ACT, FP8_DOT, PRECISION) * sg
         acc_u += _tile_dot(a, u, ACT, FP8_DOT, PRECISION) * su
-    dtype = act_ptr.dtype.element_ty
-    gate = acc_g.to(dtype).to(tl.float32)
-    up = acc_u.to(dtype).to(tl.float32)
-    silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
-    cols = n0 + tl.arange(0, BLOCK_N)
-    out = act_ptr + pair.to(tl.int64)[:, None] * INTER + cols[None, :]
-    tl.store(out, (silu * up).to(dtype), mask=valid[:, None] & (cols < INTER)[None, :])
+    store_silu_mul(act_ptr, acc_g, acc_u, pair, valid, n0, INTER, BLOCK_N)
 
 
 @triton.jit(do_not_specialize=["num_pairs", "num_m"])  # token counts: no recompiles per step
