@@ -1,15 +1,21 @@
-"""Helpers of the SGLang frontend tests: real `sglang.Engine`s on CPU and atom-core's native engine."""
+"""Helpers of the SGLang frontend tests: real `sglang.Engine`s (on the GPU where there is one, else on CPU) and
+atom-core's native engine."""
 
 from __future__ import annotations
 
 import contextlib
 from pathlib import Path
 
+import torch
+
 NEW_TOKENS = 12
 # Small engines: float32 for exact parity, a few thousand KV slots, eager (no graphs). On CPU SGLang budgets
 # mem_fraction_static of the machine's free memory for weights + KV cache and refuses to start when the loaded weights
 # leave nothing (0.05 of a 24 GB CI machine was under SmolLM2's 0.5 GB + noise); max_total_tokens caps the pool.
-ENGINE_ARGS = dict(device="cpu", dtype="float32", mem_fraction_static=0.25, max_total_tokens=4096,
+# On a GPU machine (the carried SGLang build, tools/gpu_sglang) the same engines run eagerly on the GPU; the graph
+# tests (test_graph_engine.py) turn SGLang's CUDA graphs on.
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+ENGINE_ARGS = dict(device=DEVICE, dtype="float32", mem_fraction_static=0.25, max_total_tokens=4096,
                    max_running_requests=8, disable_cuda_graph=True, skip_tokenizer_init=True,
                    log_level="warning")
 
@@ -26,7 +32,7 @@ def native_greedy(path, prompts: list[list[int]], max_tokens: int = NEW_TOKENS) 
 
 @contextlib.contextmanager
 def sglang_engine(path, **overrides):
-    """A real sglang.Engine on CPU (atom-core's models through SGLANG_EXTERNAL_MODEL_PACKAGE)."""
+    """A real sglang.Engine on DEVICE (atom-core's models through SGLANG_EXTERNAL_MODEL_PACKAGE)."""
     import sglang
 
     engine = sglang.Engine(model_path=str(path), **{**ENGINE_ARGS, **overrides})
