@@ -60,13 +60,14 @@ _TRITON = {
     "rotary": "rotary:rotary",
     "silu_and_mul": "activation:silu_and_mul",
     "fused_moe": "moe:fused_moe",
-    "write_latent_cache": "mla_cache:write_latent_cache",
+    "write_latent_cache": "mla.cache:write_latent_cache",
     "mla_attention": "mla:mla_attention",
-    "mla_kv_indices": "mla_kv_indices:mla_kv_indices",
+    "mla_kv_indices": "mla.kv_indices:mla_kv_indices",
     "linear": "linear:linear",
     "rms_norm_linear": "fused_linear:rms_norm_linear",
     "silu_and_mul_linear": "fused_linear:silu_and_mul_linear",
     "sample_tokens": "sampling:sample_tokens",
+    "fp8_quantize": "fp8_quant:fp8_quantize",
     "fp8_linear": "fp8_linear:fp8_linear",  # the fp8 block format; other schemes run the reference inside
     "fp8_fused_moe": "moe.fp8:fp8_fused_moe",
 }

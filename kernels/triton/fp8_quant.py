@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from atom_kernels.reference.fp8 import fp8_quantize as reference_fp8_quantize
 from atom_kernels.triton._utils import check, pdl, pdl_prologue
 
 FP8_MAX = tl.constexpr(448.0)
@@ -106,3 +107,12 @@ def fp8_quantize_rows(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.
         _quantize_kernel[(m, g)](x, q, scale, k, g, group, x.stride(0), BLOCK=block, num_warps=4 if block > 256 else 1,
                                  **pdl(x.device))
     return q, scale
+
+
+def fp8_quantize(x: torch.Tensor, group: int, input_scale: torch.Tensor | None = None):
+    """The op fp8_quantize (atom_kernels.fp8_quantize): x [..., K] → (q [..., K], scale [..., ceil(K / group)]).
+    Dynamic scales in one launch (fp8_quantize_rows); a static input_scale is one division, the reference's."""
+    if input_scale is not None:
+        return reference_fp8_quantize(x, group, input_scale)
+    q, scale = fp8_quantize_rows(x.reshape(-1, x.shape[-1]).contiguous(), group)
+    return q.view(x.shape), scale.view(*x.shape[:-1], scale.shape[-1])

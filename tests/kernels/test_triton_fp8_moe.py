@@ -205,10 +205,22 @@ def check_quantize(m, k, group, dtype) -> None:
     assert torch.equal(q.float(), want_q.float()), (q.float() != want_q.float()).sum()
 
 
+def check_quantize_op() -> None:
+    """The dispatcher's Triton fp8_quantize: leading dims kept, == the reference bit for bit; a static scale too."""
+    from atom_kernels.triton.fp8_quant import fp8_quantize
+
+    x = torch.randn(2, 3, 200) * 10
+    for static in (None, torch.tensor([0.05])):
+        (q, scale), (want_q, want_scale) = fp8_quantize(x, 64, static), ref.fp8_quantize(x, 64, static)
+        assert q.shape == x.shape and scale.shape == want_scale.shape and torch.equal(scale, want_scale)
+        assert torch.equal(q.float(), want_q.float())
+
+
 def interpreter_checks() -> None:
     """The GPU tests' checks at tiny shapes on CPU tensors (run with TRITON_INTERPRET=1)."""
     for m, k, group, dtype in ((3, 300, 128, F32), (2, 40, 16, BF16), (2, 70, 4096, F16)):
         check_quantize(m, k, group, dtype)
+    check_quantize_op()
     # decode GEMVs: weights only; the activation quantized in the tile (group == BLOCK_K) or first (per token);
     # H = 40 and I = 24 end in partial 16-column scale blocks
     check_moe(2, 2, 4, 40, 24, 16, 0, F32, "cpu", config=gemv())
