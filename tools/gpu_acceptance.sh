@@ -1,51 +1,59 @@
 #!/usr/bin/env bash
-# The GPU acceptance runs on the GPU machine, from the checkout's root, each a background-safe step that writes its
-# logs under LOGDIR and a table last (tools/gpu_tests.py). Device time is short: start a step with
-#   setsid nohup bash tools/gpu_acceptance.sh STEP LOGDIR > LOGDIR.out 2>&1 &
-# inside one call and carry the next tools (tools/gpu_sglang, ../shared/gpu_vllm) while it runs.
-#   base     the machine's own torch/triton: Triton kernels on GPU 0 (five groups side by side), the native engine's
-#            GPU tests on GPU 1 (alone: each engine sizes its KV cache from the free memory), then the FP8 benchmarks
-#   sglang   the carried SGLang (after tools/gpu_sglang/assemble.sh): graph tests, engines with graphs, the whole
-#            SGLang folder on the GPU (eager engines), then benchmarks/sglang_plugin_gpu.py; GPU 0
-#   sglang-tp  SGLang TP 2 / TP 2 + EP 2 engines (both GPUs)
-#   vllm     the carried vLLM (../shared/gpu_vllm): its GPU tests; GPU 0
-# Multi-GPU machines: NVLink multicast stays off in every child (the variables below).
+# The GPU acceptance runs on the GPU machine, from the checkout's root. Each step writes its logs under LOGDIR/STEP and
+# a table last (tools/gpu_tests.py). Device time is short and the machine goes back after ~30 s idle: start a step in
+# the background inside one call and carry the next tools (tools/gpu_sglang, ../shared/gpu_vllm) while it runs,
+#   setsid nohup bash tools/gpu_acceptance.sh STEP LOGDIR > LOGDIR/STEP.out 2>&1 &
+# and keep the machine busy while waiting with calls like `sleep 200; tail -n1 LOGDIR/*/*.log`.
+#   kernels    the machine's own torch/triton: the Triton kernels' GPU tests, seven groups side by side (small memory)
+#   native     the native engine's GPU tests (each engine sizes its KV cache from the free GPU memory: run it alone)
+#   sglang     the carried SGLang (after tools/gpu_sglang/assemble.sh): decode graphs, engines with graphs, the whole
+#              SGLang folder on the GPU (eager engines of mem_fraction_static 0.25; two side by side)
+#   sglang-tp  SGLang TP 2 / TP 2 + EP 2 engines (2 GPUs)
+#   vllm       the carried vLLM (../shared/gpu_vllm): its GPU tests (gpu_memory_utilization 0.9: alone)
+#   bench      benchmarks/sglang_plugin_gpu.py (carried SGLang), fp8_gemm.py and moe.py --check --fp8
+# STEP may be several, comma-separated: run one after the other. Multi-GPU machines: NVLink multicast stays off.
 set -uo pipefail
-step=$1 logdir=$2
+steps=$1 logdir=$2
 mkdir -p "$logdir"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 tests="python3 tools/gpu_tests.py --gpus 1 --timeout ${GPU_TESTS_TIMEOUT:-900}"
-case $step in
-base)
-  python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
-  K=tests/kernels
-  CUDA_VISIBLE_DEVICES=0 $tests "$logdir/kernels" \
-    "mla=$K/test_triton_mla.py -m gpu" "attention=$K/test_triton_attention.py -m gpu" \
-    "moe=$K/test_triton_moe.py $K/test_triton_fp8_moe.py $K/test_triton_fp8_linear_interpreter.py" \
-    "linear=$K/test_triton_linear.py $K/test_triton_fused_linear.py -m gpu" \
-    "other=$K/test_triton_norm_rope_act.py $K/test_triton_fused.py $K/test_triton_kv_cache.py $K/test_triton_sampling.py $K/test_pdl.py $K/test_triton_dispatch.py -m gpu" &
-  CUDA_VISIBLE_DEVICES=1 $tests "$logdir/native" "native=tests/frontends/native tests/core -m gpu" &
-  wait
-  (cd benchmarks && CUDA_VISIBLE_DEVICES=0 timeout 300 python3 fp8_gemm.py && CUDA_VISIBLE_DEVICES=0 timeout 300 python3 moe.py --check --fp8) \
-    > "$logdir/fp8_bench.log" 2>&1
-  ;;
-sglang)
+K=tests/kernels S=tests/frontends/sglang
+sglang_env() {
   source /tmp/sglsite/env.sh
   python3 -m pip install -q --no-deps --no-build-isolation --upgrade --target /tmp/sglsite . 2>&1 | tail -2
-  S=tests/frontends/sglang
-  CUDA_VISIBLE_DEVICES=0 SGLANG_LOG_DECODE_GRAPH_KEY=1 $tests "$logdir/sglang" \
-    "graphs=$S/test_graphs.py $S/test_graph_model.py -m gpu" "graph_engine=$S/test_graph_engine.py -m gpu" \
-    "suite=$S -m 'not gpu'"
-  CUDA_VISIBLE_DEVICES=0 timeout 600 python3 benchmarks/sglang_plugin_gpu.py > "$logdir/sglang_bench.log" 2>&1
-  ;;
-sglang-tp)
-  source /tmp/sglsite/env.sh
-  $tests "$logdir/sglang_tp" "tp=tests/frontends/sglang/test_tp_engine.py -m gpu"
-  ;;
-vllm)
-  export PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0
-  python3 -m pip install -q --no-deps --no-build-isolation --upgrade --target /tmp/site . 2>&1 | tail -2
-  CUDA_VISIBLE_DEVICES=0 $tests "$logdir/vllm" "vllm=tests/frontends/vllm -m gpu"
-  ;;
-*) echo "unknown step $step (base, sglang, sglang-tp, vllm)"; exit 2 ;;
-esac
+}
+for step in ${steps//,/ }; do
+  echo "== $step $(date +%T)"
+  (  # a subshell: one step's environment (the carried SGLang's or vLLM's PYTHONPATH) stays its own
+  case $step in
+  kernels)
+    python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
+    $tests "$logdir/kernels" \
+      "mla1=$K/test_triton_mla.py -m gpu -k 'decode_and_prefill or fp8'" \
+      "mla2=$K/test_triton_mla.py -m gpu -k 'not (decode_and_prefill or fp8)'" \
+      "attention=$K/test_triton_attention.py -m gpu" "moe=$K/test_triton_moe.py -m gpu" \
+      "fp8=$K/test_triton_fp8_moe.py $K/test_triton_fp8_linear_interpreter.py" \
+      "linear=$K/test_triton_linear.py $K/test_triton_fused_linear.py $K/test_dispatch.py -m gpu" \
+      "other=$K/test_triton_norm_rope_act.py $K/test_triton_fused.py $K/test_triton_kv_cache.py $K/test_triton_sampling.py $K/test_pdl.py $K/test_triton_dispatch.py -m gpu"
+    ;;
+  native) $tests "$logdir/native" "native=tests/frontends/native tests/core -m gpu" ;;
+  sglang)
+    sglang_env
+    SGLANG_LOG_DECODE_GRAPH_KEY=1 $tests "$logdir/sglang" \
+      "graphs=$S/test_graphs.py $S/test_graph_model.py $S/test_graph_engine.py -m gpu" "suite=$S -m 'not gpu'"
+    ;;
+  sglang-tp) sglang_env && $tests "$logdir/sglang_tp" "tp=$S/test_tp_engine.py -m gpu" ;;
+  vllm)
+    export PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0
+    python3 -m pip install -q --no-deps --no-build-isolation --upgrade --target /tmp/site . 2>&1 | tail -2
+    $tests "$logdir/vllm" "vllm=tests/frontends/vllm -m gpu"
+    ;;
+  bench)
+    (sglang_env && timeout 600 python3 benchmarks/sglang_plugin_gpu.py) > "$logdir/sglang_bench.log" 2>&1
+    (cd benchmarks && timeout 300 python3 fp8_gemm.py && timeout 300 python3 moe.py --check --fp8) > "$logdir/fp8_bench.log" 2>&1
+    ;;
+  *) echo "unknown step $step (kernels, native, sglang, sglang-tp, vllm, bench)"; exit 2 ;;
+  esac
+  )
+done
+echo "== done $(date +%T)"
