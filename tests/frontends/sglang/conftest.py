@@ -49,3 +49,23 @@ def sglang_checkpoint(checkpoint_factory):
         return checkpoint_factory(arch, **overrides)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def atom_graph_tokens():
+    """run(path, rounds, **engine_args) → per round (prompt lists generated one after the other on one engine), the
+    outputs of atom-core's model on our backend with SGLang's CUDA graphs on (helpers.GRAPHS). Cached per arguments for
+    the session: test_own_model_gpu.py reuses test_graph_engine.py's engines of the same configuration (each start
+    costs a minute or more of GPU time)."""
+    from tests.frontends.sglang.helpers import GRAPHS, generate, sglang_engine
+
+    cache: dict = {}
+
+    def run(path, rounds: list[list[list[int]]], **engine_args) -> list[list[dict]]:
+        key = (str(path), repr(rounds), repr(sorted(engine_args.items())))
+        if key not in cache:
+            with sglang_engine(path, attention_backend="atom", **GRAPHS, **engine_args) as engine:
+                cache[key] = [generate(engine, prompts) for prompts in rounds]
+        return cache[key]
+
+    return run

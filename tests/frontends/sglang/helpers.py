@@ -8,6 +8,8 @@ from pathlib import Path
 
 import torch
 
+from tests.frontends.native.hf_oracle import random_prompts
+
 NEW_TOKENS = 12
 # Small engines: float32 for exact parity, a few thousand KV slots, eager (no graphs). On CPU SGLang budgets
 # mem_fraction_static of the machine's free memory for weights + KV cache and refuses to start when the loaded weights
@@ -18,6 +20,15 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 ENGINE_ARGS = dict(device=DEVICE, dtype="float32", mem_fraction_static=0.25, max_total_tokens=4096,
                    max_running_requests=8, disable_cuda_graph=True, skip_tokenizer_init=True,
                    log_level="warning")
+# SGLang's CUDA graphs on (the GPU tests): full decode graphs up to batch 8, so a batch of 5 prompts replays the graph
+# of 8 with padding rows; breakable prefill graphs (SGLang's default on CUDA) unless a test turns them off.
+GRAPHS = dict(device="cuda", disable_cuda_graph=False, cuda_graph_max_bs_decode=8)
+
+
+def followup_prompts(prompts: list[list[int]]) -> list[list[int]]:
+    """A second round: the 40- and 64-token prompts (conftest's prompts[2:4]) with new tails, whose prefixes the
+    radix cache holds after the first round."""
+    return [p + tail for p, tail in zip(prompts[2:4], random_prompts([5, 11], seed=3))]
 
 
 def native_greedy(path, prompts: list[list[int]], max_tokens: int = NEW_TOKENS) -> list[list[int]]:
