@@ -16,7 +16,7 @@ set -uo pipefail
 steps=$1 logdir=$2
 mkdir -p "$logdir"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-tests="python3 tools/gpu_tests.py --gpus 1 --timeout ${GPU_TESTS_TIMEOUT:-900}"
+tests() { python3 tools/gpu_tests.py --gpus 1 --timeout "${GPU_TESTS_TIMEOUT:-900}" "$@"; }
 K=tests/kernels S=tests/frontends/sglang
 sglang_env() {
   source /tmp/sglsite/env.sh
@@ -28,7 +28,7 @@ for step in ${steps//,/ }; do
   case $step in
   kernels)
     python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
-    $tests "$logdir/kernels" \
+    tests "$logdir/kernels" \
       "mla1=$K/test_triton_mla.py -m gpu -k 'decode_and_prefill or fp8'" \
       "mla2=$K/test_triton_mla.py -m gpu -k 'not (decode_and_prefill or fp8)'" \
       "attention=$K/test_triton_attention.py -m gpu" "moe=$K/test_triton_moe.py -m gpu" \
@@ -36,17 +36,20 @@ for step in ${steps//,/ }; do
       "linear=$K/test_triton_linear.py $K/test_triton_fused_linear.py $K/test_dispatch.py -m gpu" \
       "other=$K/test_triton_norm_rope_act.py $K/test_triton_fused.py $K/test_triton_kv_cache.py $K/test_triton_sampling.py $K/test_pdl.py $K/test_triton_dispatch.py -m gpu"
     ;;
-  native) $tests "$logdir/native" "native=tests/frontends/native tests/core -m gpu" ;;
+  native) tests "$logdir/native" "native=tests/frontends/native tests/core -m gpu" ;;
   sglang)
     sglang_env
-    SGLANG_LOG_DECODE_GRAPH_KEY=1 $tests "$logdir/sglang" \
-      "graphs=$S/test_graphs.py $S/test_graph_model.py $S/test_graph_engine.py -m gpu" "suite=$S -m 'not gpu'"
+    # the engine groups: the own-model test reuses test_graph_engine's engines within one process (~20 min together)
+    SGLANG_LOG_DECODE_GRAPH_KEY=1 GPU_TESTS_TIMEOUT=${GPU_TESTS_TIMEOUT:-1500} tests "$logdir/sglang" \
+      "graphs=$S/test_graphs.py $S/test_graph_model.py -m gpu" \
+      "engines_mla=$S/test_graph_engine.py $S/test_own_model_gpu.py -m gpu -k deepseek" \
+      "engines=$S/test_graph_engine.py $S/test_own_model_gpu.py -m gpu -k 'not deepseek'" "suite=$S -m 'not gpu'"
     ;;
-  sglang-tp) sglang_env && $tests "$logdir/sglang_tp" "tp=$S/test_tp_engine.py -m gpu" ;;
+  sglang-tp) sglang_env && tests "$logdir/sglang_tp" "tp=$S/test_tp_engine.py -m gpu" ;;
   vllm)
     export PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0
     python3 -m pip install -q --no-deps --no-build-isolation --upgrade --target /tmp/site . 2>&1 | tail -2
-    $tests "$logdir/vllm" "vllm=tests/frontends/vllm -m gpu"
+    tests "$logdir/vllm" "vllm=tests/frontends/vllm -m gpu"
     ;;
   bench)
     (sglang_env && timeout 600 python3 benchmarks/sglang_plugin_gpu.py) > "$logdir/sglang_bench.log" 2>&1
