@@ -1,7 +1,7 @@
 """SGLang on a CUDA GPU: atom-core's model + `atom` attention backend vs SGLang's own model and its default
 attention backend, same checkpoint, same workloads as benchmarks/vllm_plugin_gpu.py.
 
-Qwen3-0.6B-shaped random checkpoint, bf16, SGLang's defaults (CUDA graphs, radix cache, chunked prefill, the
+A random checkpoint (--shape), bf16, SGLang's defaults (CUDA graphs, radix cache, chunked prefill, the
 overlap scheduler). Each side runs in its own process (SGLang's model registry is process-wide, and a failing
 engine kills its parent's process tree):
   atom    SGLANG_EXTERNAL_MODEL_PACKAGE=atom_frontends.sglang.models, --attention-backend atom
@@ -13,7 +13,12 @@ timed --repeats times; the median counts. Prints both sides, how many batch-32 g
 near-ties may differ) and the ratio atom-core / SGLang's own last; writes the table to benchmarks/results/.
 For the GPU machine with the carried SGLang (tools/gpu_sglang).
 
-    python benchmarks/sglang_plugin_gpu.py [--checkpoint DIR] [--rows batch1,batch32,offline] [--repeats N]
+--shape picks the checkpoint: qwen3-0.6b (default), qwen3-30b-a3b-4l (Qwen3-30B-A3B's MoE cut to 4 layers, all 128
+experts) or deepseek-v3-4l (DeepSeek-V3's MLA + MoE cut to 4 layers, the first dense, 64 of 256 experts; ~23 GB,
+written in bf16).
+
+    python benchmarks/sglang_plugin_gpu.py [--shape NAME] [--checkpoint DIR] [--rows batch1,batch32,offline]
+                                           [--repeats N]
 """
 
 from __future__ import annotations
@@ -32,6 +37,13 @@ from common import MAX_MODEL_LEN, Report, shaped_checkpoint
 from vllm_plugin_gpu import NEW, ROWS, workloads
 
 EXTERNAL = "atom_frontends.sglang.models"
+# --shape → (common.SHAPES key, config changes, checkpoint dtype)
+CHECKPOINTS = {
+    "qwen3-0.6b": ("qwen3-0.6b", {}, "float32"),
+    "qwen3-30b-a3b-4l": ("qwen3-30b-a3b-4l", {}, "bfloat16"),
+    "deepseek-v3-4l": ("deepseek-v3", dict(num_hidden_layers=4, first_k_dense_replace=1, n_routed_experts=64),
+                       "bfloat16"),
+}
 
 
 def time_row(engine, prompts: list[list[int]], lens: list[int], temperature: float, repeats: int) -> dict:
@@ -92,6 +104,7 @@ def run_side(path: str, side: str, rows: list[str], repeats: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", choices=list(CHECKPOINTS), default="qwen3-0.6b")
     ap.add_argument("--checkpoint", help="checkpoint dir (built once into the temp dir when absent)")
     ap.add_argument("--rows", default=",".join(ROWS))
     ap.add_argument("--repeats", type=int, default=3, help="timed runs of each row per side (the median counts)")
@@ -108,10 +121,13 @@ def main() -> None:
 
     if not torch.cuda.is_available():
         raise SystemExit("sglang_plugin_gpu.py needs a CUDA GPU (benchmarks/sglang_plugin_cpu.py is the CPU one)")
-    path = shaped_checkpoint(args.checkpoint)
+    shape, overrides, dtype = CHECKPOINTS[args.shape]
+    if args.shape != "qwen3-0.6b":  # its own results file
+        report.stem += f"-{args.shape}"
+    path = shaped_checkpoint(args.checkpoint, shape, dtype, **overrides)
     own = run_side(path, "sglang", rows, args.repeats)
     ours = run_side(path, "atom", rows, args.repeats)
-    lines = [f"{datetime.date.today()} {torch.cuda.get_device_name()}; Qwen3-0.6B-shaped random checkpoint, bf16, "
+    lines = [f"{datetime.date.today()} {torch.cuda.get_device_name()}; {args.shape}-shaped random checkpoint, bf16, "
              f"SGLang defaults; attention backend: own {own['attention_backend']}, atom-core "
              f"{ours['attention_backend']}; CUDA graphs: own {own['cuda_graph']}, atom-core {ours['cuda_graph']}",
              f"startup s: own {own['startup_s']:.0f}, atom-core {ours['startup_s']:.0f}"]
