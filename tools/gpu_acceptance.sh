@@ -4,10 +4,11 @@
 # the background inside one call and carry the next tools (tools/gpu_sglang, ../shared/gpu_vllm) while it runs,
 #   setsid nohup bash tools/gpu_acceptance.sh STEP LOGDIR > LOGDIR/STEP.out 2>&1 &
 # and keep the machine busy while waiting with calls like `sleep 200; tail -n1 LOGDIR/*/*.log`.
-#   kernels    the machine's own torch/triton: the Triton kernels' GPU tests, seven groups side by side (small memory)
+#   kernels    the machine's own torch/triton: the Triton kernels' GPU tests, ten groups side by side (small memory;
+#              H200 2026-11-29 with seven groups: 10 min, the longest the MLA group)
 #   native     the native engine's GPU tests (each engine sizes its KV cache from the free GPU memory: run it alone)
-#   sglang     the carried SGLang (after tools/gpu_sglang/assemble.sh): decode graphs, engines with graphs, the whole
-#              SGLang folder on the GPU (eager engines of mem_fraction_static 0.25; two side by side)
+#   sglang     the carried SGLang (after tools/gpu_sglang/assemble.sh): decode graphs; engines with graphs and SGLang's
+#              own models (two groups, ~20 min); the whole SGLang folder on the GPU (eager engines, mem fraction 0.25)
 #   sglang-tp  SGLang TP 2 / TP 2 + EP 2 engines (2 GPUs)
 #   vllm       the carried vLLM (../shared/gpu_vllm): its GPU tests (gpu_memory_utilization 0.9: alone)
 #   bench      benchmarks/sglang_plugin_gpu.py (carried SGLang), fp8_gemm.py and moe.py --check --fp8
@@ -30,9 +31,13 @@ for step in ${steps//,/ }; do
     python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
     tests "$logdir/kernels" \
       "mla1=$K/test_triton_mla.py -m gpu -k 'decode_and_prefill or fp8'" \
-      "mla2=$K/test_triton_mla.py -m gpu -k 'not (decode_and_prefill or fp8)'" \
-      "attention=$K/test_triton_attention.py -m gpu" "moe=$K/test_triton_moe.py -m gpu" \
-      "fp8=$K/test_triton_fp8_moe.py $K/test_triton_fp8_linear_interpreter.py" \
+      "mla_hopper=$K/test_triton_mla.py -m gpu -k hopper_decode_matches" \
+      "mla2=$K/test_triton_mla.py -m gpu -k 'not (decode_and_prefill or fp8 or hopper_decode_matches)'" \
+      "attention=$K/test_triton_attention.py -m gpu" \
+      "moe1=$K/test_triton_moe.py -m gpu -k 'matches_reference or every_tile'" \
+      "moe2=$K/test_triton_moe.py -m gpu -k 'not (matches_reference or every_tile)'" \
+      "fp8_shapes=$K/test_triton_fp8_moe.py -m gpu -k model_shapes" \
+      "fp8=$K/test_triton_fp8_moe.py $K/test_triton_fp8_linear_interpreter.py -k 'not model_shapes'" \
       "linear=$K/test_triton_linear.py $K/test_triton_fused_linear.py $K/test_dispatch.py -m gpu" \
       "other=$K/test_triton_norm_rope_act.py $K/test_triton_fused.py $K/test_triton_kv_cache.py $K/test_triton_sampling.py $K/test_pdl.py $K/test_triton_dispatch.py -m gpu"
     ;;
