@@ -92,9 +92,7 @@ def fp8_quantize(x, group, input_scale=None):
     return dispatch.get("fp8_quantize", x.device)(x, group, input_scale)
 
 
-def fp8_linear(x, weight, weight_scale, block_k, act_group, input_scale=None, bias=None):
-    """x [..., K] @ dequantized weight [N, K] (float8_e4m3fn, scales [N, ceil(K / block_k)])^T (+ bias) → [..., N],
-    the activation quantized per token group of act_group columns (0: not at all) or with the static input_scale."""
+def _fp8_linear(x, weight, weight_scale, block_k, act_group, input_scale=None, bias=None):
     return dispatch.get("fp8_linear", x.device)(x, weight, weight_scale, block_k, act_group, input_scale, bias)
 
 
@@ -128,8 +126,10 @@ def _fused_moe(hidden, w13, w2, topk_weights, topk_ids):
     return dispatch.get("fused_moe", hidden.device)(hidden, w13, w2, topk_weights, topk_ids)
 
 
-# fused_moe is a torch library op, opaque to a compiler tracing the model (vLLM compiles with fullgraph=True): the
-# reference groups tokens by expert with CPU-side counts, the Triton launcher sizes its grids in Python. Library
+# fused_moe, fp8_fused_moe and fp8_linear are torch library ops, opaque to a compiler tracing the model (vLLM compiles
+# with fullgraph=True): the MoE reference groups tokens by expert with CPU-side counts, the Triton launchers size their
+# grids in Python and read cached device properties; traced, fp8_linear's reference would dequantize the whole weight
+# in every step, where the op runs the Triton GEMM on the e4m3 weight. Library
 # registration (not torch.library.custom_op): a few µs per eager call instead of ~20.
 # Only under our import name: with the repo root on sys.path, `import kernels` (transformers probes the hub's
 # `kernels` package) runs this file a second time, and an op is defined once per process.
@@ -142,6 +142,12 @@ if __name__ == "atom_kernels":
     _LIB.impl("fp8_fused_moe", _fp8_fused_moe, "CompositeExplicitAutograd")
     for _op in ("fused_moe", "fp8_fused_moe"):
         torch.library.register_fake(f"atom_kernels::{_op}", lambda hidden, *args: torch.empty_like(hidden), lib=_LIB)
+    _LIB.define("fp8_linear(Tensor x, Tensor weight, Tensor weight_scale, int block_k, int act_group, "
+                "Tensor? input_scale=None, Tensor? bias=None) -> Tensor")
+    _LIB.impl("fp8_linear", _fp8_linear, "CompositeExplicitAutograd")
+    torch.library.register_fake("atom_kernels::fp8_linear",
+                                lambda x, weight, *args, **kwargs: x.new_empty(*x.shape[:-1], weight.shape[0]),
+                                lib=_LIB)
 
 
 def fused_moe(hidden, w13, w2, topk_weights, topk_ids):
@@ -150,6 +156,12 @@ def fused_moe(hidden, w13, w2, topk_weights, topk_ids):
     An id of -1 means the pair's expert lives on another rank (expert parallelism): the pair contributes nothing
     (the reference raises on other ids outside [0, E); the Triton kernels drop them, a check would sync)."""
     return torch.ops.atom_kernels.fused_moe(hidden, w13, w2, topk_weights, topk_ids)
+
+
+def fp8_linear(x, weight, weight_scale, block_k, act_group, input_scale=None, bias=None):
+    """x [..., K] @ dequantized weight [N, K] (float8_e4m3fn, scales [N, ceil(K / block_k)])^T (+ bias) → [..., N],
+    the activation quantized per token group of act_group columns (0: not at all) or with the static input_scale."""
+    return torch.ops.atom_kernels.fp8_linear(x, weight, weight_scale, block_k, act_group, input_scale, bias)
 
 
 def fp8_fused_moe(hidden, w13, w2, w13_scale, w2_scale, topk_weights, topk_ids, block_k, act_group):

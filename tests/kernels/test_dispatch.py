@@ -41,6 +41,26 @@ def test_ops_trace_with_fullgraph_compile():
     torch.testing.assert_close(got, f(x, w))
 
 
+def test_fp8_linear_is_opaque_to_a_fullgraph_compile():
+    """Traced, fp8_linear's reference would dequantize the whole weight in the graph of every step: the library op
+    keeps the kernel (the Triton GEMM on the e4m3 weight on GPUs) behind one call; shapes come from its fake."""
+    from atom_kernels.reference.fp8 import fp8_linear
+
+    x, w = torch.randn(2, 3, 256), torch.randn(64, 256).to(torch.float8_e4m3fn)
+    scale, bias = torch.rand(64, 2) + 0.5, torch.randn(64)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm
+
+    f = torch.compile(lambda x: atom_kernels.fp8_linear(x, w, scale, 128, 128, None, bias), fullgraph=True,
+                      backend=backend)
+    torch.testing.assert_close(f(x), fp8_linear(x, w, scale, 128, 128, None, bias))
+    called = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
+    assert called == ["atom_kernels.fp8_linear"], called  # the op itself, nothing of the reference
+
+
 def test_aiter_is_refused_until_its_kernels_are_wired(monkeypatch):
     # It used to run the torch reference silently (and turned CUDA graphs off on a GPU).
     monkeypatch.setenv("ATOM_KERNEL_BACKEND", "aiter")
