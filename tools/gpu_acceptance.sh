@@ -11,6 +11,7 @@
 #              own models (two groups, ~20 min); the whole SGLang folder on the GPU (eager engines, mem fraction 0.25)
 #   sglang-tp  SGLang TP 2 / TP 2 + EP 2 engines (2 GPUs)
 #   vllm       the carried vLLM (../shared/gpu_vllm): its GPU tests (gpu_memory_utilization 0.9: alone)
+#   serve      the carried vLLM: the 256-client load/fault test of `atom-core serve`, then benchmarks/serve.py
 #   bench      benchmarks/sglang_plugin_gpu.py (carried SGLang), fp8_gemm.py and moe.py --check --fp8
 # STEP may be several, comma-separated: run one after the other. Multi-GPU machines: NVLink multicast stays off.
 set -uo pipefail
@@ -56,11 +57,17 @@ for step in ${steps//,/ }; do
     python3 -m pip install -q --no-deps --no-build-isolation --upgrade --target /tmp/site . 2>&1 | tail -2
     tests "$logdir/vllm" "vllm=tests/frontends/vllm -m gpu"
     ;;
+  serve)  # issue 39 on the GPU: FastAPI/uvicorn/openai come with the carried vLLM
+    export PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0
+    python3 -m pip install -q --no-deps --no-build-isolation --upgrade --target /tmp/site . 2>&1 | tail -2
+    tests "$logdir/serve" "load=tests/frontends/native/test_serve_load.py -m gpu"
+    timeout 900 python3 benchmarks/serve.py > "$logdir/serve_bench.log" 2>&1
+    ;;
   bench)
     (sglang_env && timeout 600 python3 benchmarks/sglang_plugin_gpu.py) > "$logdir/sglang_bench.log" 2>&1
     (cd benchmarks && timeout 300 python3 fp8_gemm.py && timeout 300 python3 moe.py --check --fp8) > "$logdir/fp8_bench.log" 2>&1
     ;;
-  *) echo "unknown step $step (kernels, native, sglang, sglang-tp, vllm, bench)"; exit 2 ;;
+  *) echo "unknown step $step (kernels, native, sglang, sglang-tp, vllm, serve, bench)"; exit 2 ;;
   esac
   )
 done
