@@ -50,7 +50,8 @@ def run_chat(args: argparse.Namespace) -> int:
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_tokens=args.max_tokens)
     llm = LLM(args.model, dtype=args.dtype, max_model_len=args.max_model_len, kv_cache_memory=args.kv_cache_memory,
-              kv_cache_dtype=args.kv_cache_dtype, enforce_eager=args.enforce_eager, seed=args.seed)
+              kv_cache_dtype=args.kv_cache_dtype, enforce_eager=args.enforce_eager, seed=args.seed,
+              load_format=args.load_format)
     tokenizer = llm.tokenizer
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise ValueError(f"{args.model} has no tokenizer with a chat template: `atom-core chat` needs one "

@@ -15,7 +15,8 @@ import logging
 
 import torch
 
-from atom_core.loader import build_model, load_weights
+from atom_core.dummy_weights import init_dummy_weights
+from atom_core.loader import build_model, load_weights, prepare_weights
 from atom_frontends.native.block_manager import BlockManager
 from atom_frontends.native.checkpoint_files import eos_token_ids, load_tokenizer
 from atom_frontends.native.detokenizer import Detokenizer
@@ -37,7 +38,11 @@ class LLMEngine:
         self.args = args
         with NATIVE.scope():
             self.model, self.config, self.platform = build_model(args)
-            load_weights(self.model, self.config.model_path)
+            if args.load_format == "dummy":
+                init_dummy_weights(self.model, args.seed or 0)
+                prepare_weights(self.model)
+            else:
+                load_weights(self.model, self.config.model_path)
             self.runner = ModelRunner(self.model, self.config, self.platform, args.seed)
         # The KV cache is sized from the memory left once the weights are loaded (measured, not estimated) and
         # may lower config.max_model_len: what depends on that length is built after it (the runner's step

@@ -10,6 +10,8 @@ from atom_core.layers.rotary import rope_parameters
 from atom_core.loader import load_hf_config
 from atom_core.quantization import checkpoint_precision
 
+LOAD_FORMATS = ("auto", "dummy")
+
 
 @dataclass
 class EngineArgs:
@@ -38,6 +40,9 @@ class EngineArgs:
     # No tokenizer in the engine (vLLM's option): prompts come as token ids, outputs carry no text and the caller
     # finds stop strings (`atom-core serve`'s server process does).
     skip_tokenizer_init: bool = False
+    # "auto": the checkpoint's weights; "dummy": random ones (atom_core.dummy_weights), only config.json is read, as
+    # vLLM's and SGLang's --load-format dummy: a released shape for benchmarks without its files.
+    load_format: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("max_model_len", "num_kv_blocks", "kv_cache_memory"):
@@ -50,6 +55,8 @@ class EngineArgs:
             raise TypeError(f"overlap_scheduling must be a bool or None, got {self.overlap_scheduling!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
             raise TypeError(f"seed must be an int or None, got {type(self.seed).__name__}")
+        if self.load_format not in LOAD_FORMATS:
+            raise ValueError(f"load_format={self.load_format!r} is not supported; choose one of {LOAD_FORMATS}")
         # A GGUF file (or a directory holding one) loads through its converted HF checkpoint (cached).
         self.model = resolve_checkpoint(self.model, self.dtype)
 

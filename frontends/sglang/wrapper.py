@@ -73,10 +73,15 @@ class AtomSGLangModel(nn.Module):
         loaded = self.core.load_weights(weights)
         if not self._weights_loaded:
             require_all_loaded(self.core, loaded, self.atom_config.model_path)
-            prepare_weights(self.core)  # e.g. an fp8 MLA kv_b_proj dequantized, CPU GEMMs prepacked
-            self._weights_loaded = True
-            self._warm_up_moe()
+            self.post_load_weights()
         return loaded
+
+    def post_load_weights(self) -> None:
+        """Once the first full set of weights is in: load_weights calls it, and SGLang's loaders that bypass
+        load_weights call it themselves (--load-format dummy: random weights from config.json alone)."""
+        prepare_weights(self.core)  # e.g. an fp8 MLA kv_b_proj dequantized, CPU GEMMs prepacked
+        self._weights_loaded = True
+        self._warm_up_moe()
 
     def _warm_up_moe(self) -> None:
         """kernel_warmup's warm-up of the MoE layers, once the weights are in: SGLang's loader runs this at start-up,
