@@ -232,14 +232,17 @@ def small_checkpoint(folder: str) -> str:
     return str(build_checkpoint(folder, "Qwen3ForCausalLM", tokenizer=False, **SMALL_QWEN3))
 
 
-def shaped_checkpoint(path: str | None, shape: str = "qwen3-0.6b", dtype: str = "float32", **overrides) -> str:
+def shaped_checkpoint(path: str | None, shape: str = "qwen3-0.6b", dtype: str = "float32", weights: bool = True,
+                      **overrides) -> str:
     """A random-weight checkpoint of one of SHAPES (its config changed by overrides: a cut, a tiny variant), weights
-    in dtype, built once (into the temp dir unless path says where) and reused by later runs."""
+    in dtype, built once (into the temp dir unless path says where) and reused by later runs. weights=False: its
+    config.json alone, for the hosts' load format "dummy"."""
     from atom_frontends.native.demo import build_checkpoint
 
     variant = ""
     if overrides or dtype != "float32":  # its own folder: a digest of what differs from the shape
         variant = "-" + hashlib.sha1(json.dumps([dtype, overrides], sort_keys=True).encode()).hexdigest()[:10]
+    variant += "" if weights else "-config"
     p = Path(path or Path(tempfile.gettempdir()) / f"atom-core-{shape}-random{variant}")
     if not (p / "config.json").is_file():
         t = time.perf_counter()
@@ -247,7 +250,7 @@ def shaped_checkpoint(path: str | None, shape: str = "qwen3-0.6b", dtype: str = 
         # built beside it, then renamed: a build cut short (tens of GB take minutes) is never taken for a checkpoint
         tmp = p.with_name(p.name + ".partial")
         shutil.rmtree(tmp, ignore_errors=True)
-        build_checkpoint(tmp, arch, seed=0, tokenizer=False, dtype=dtype, **{**cfg, **overrides})
+        build_checkpoint(tmp, arch, seed=0, tokenizer=False, dtype=dtype, weights=weights, **{**cfg, **overrides})
         tmp.rename(p)
         print(f"built checkpoint {p} in {time.perf_counter() - t:.0f} s")
     return str(p)

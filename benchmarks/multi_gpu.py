@@ -177,7 +177,8 @@ def cut(model: str, args: argparse.Namespace) -> dict:
 
 def engine_args(model: str, config: str, own: bool, args: argparse.Namespace) -> dict:
     tp, ep = CONFIGS[config]
-    engine = dict(dtype=args.dtype, tensor_parallel_size=tp, enable_expert_parallel=ep, enforce_eager=args.eager)
+    engine = dict(dtype=args.dtype, tensor_parallel_size=tp, enable_expert_parallel=ep, enforce_eager=args.eager,
+                  load_format=args.load_format)
     if args.cpu_smoke and own and model == "deepseek-v3":
         # named, as tests/frontends/vllm/test_mla_generation.py does: on an AMX CPU vLLM would pick AMX_MLA
         engine["attention_backend"] = "CPU_MLA"
@@ -243,6 +244,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--repeats", type=int, help="timed runs per side after the untimed one (default 1)")
     ap.add_argument("--dtype", help="weights and activations (default bfloat16; smoke float32)")
     ap.add_argument("--eager", action="store_true", default=None, help="enforce_eager (no compile, no CUDA graphs)")
+    ap.add_argument("--load-format", choices=("dummy", "auto"), default="dummy",
+                    help="dummy (default): vLLM's random weights on both sides from config.json alone, nothing "
+                         "written; auto: a random checkpoint written first (16-23 GB at the default cuts)")
     ap.add_argument("--side-timeout", type=float, default=900,
                     help="seconds one side may take (then it is ended; default 900)")
     ap.add_argument("--budget-s", type=float, help="start no side that would end after this many seconds of the run")
@@ -296,11 +300,13 @@ class Run:
         if not runnable:  # no checkpoint to build
             return []
         overrides = cut(model, self.args)
-        path = shaped_checkpoint(None, model, self.args.dtype, **overrides)  # the model's name is its shape's
+        dummy = self.args.load_format == "dummy"  # config.json alone: no 16-23 GB to write before the first side
+        path = shaped_checkpoint(None, model, self.args.dtype, weights=not dummy, **overrides)  # name = shape's
         self.report.say(f"{model}: {path} ({', '.join(f'{k} {v}' for k, v in overrides.items())})")
         a = self.args
         settings = dict(device=self.device, overrides=overrides, dtype=a.dtype, requests=a.requests,
-                        max_prompt=a.max_prompt, max_new=a.max_new, repeats=a.repeats, eager=a.eager)
+                        max_prompt=a.max_prompt, max_new=a.max_new, repeats=a.repeats, eager=a.eager,
+                        load_format=a.load_format)
         rows = []
         for config in runnable:
             sides = {side: self.side(path, settings, model, config, side) for side in SIDES}

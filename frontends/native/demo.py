@@ -77,8 +77,9 @@ def byte_level_tokenizer():
 
 
 def build_checkpoint(path: str | os.PathLike, arch: str = "Qwen3ForCausalLM", seed: int = 0,
-                     tokenizer: bool = True, dtype: str = "float32", **overrides: Any) -> Path:
-    """Save a random-weight `arch` checkpoint to `path` (weights in `dtype`, a torch dtype's name) and return it."""
+                     tokenizer: bool = True, dtype: str = "float32", weights: bool = True, **overrides: Any) -> Path:
+    """Save a random-weight `arch` checkpoint to `path` (weights in `dtype`, a torch dtype's name) and return it.
+    weights=False: config.json (and the tokenizer) only, for load_format "dummy" at shapes too big to write."""
     import torch
     import transformers
 
@@ -96,6 +97,14 @@ def build_checkpoint(path: str | os.PathLike, arch: str = "Qwen3ForCausalLM", se
             fields["rope_scaling"] = rope
     config_cls = getattr(transformers, arch.replace("ForCausalLM", "Config"))
     config = config_cls(**fields)
+    path = Path(path)
+    if not weights:
+        config.dtype = getattr(torch, dtype)  # what dtype "auto" resolves to
+        config.architectures = [arch]  # saving the model would write it: hosts pick their model class by it
+        config.save_pretrained(path)
+        if tokenizer:
+            byte_level_tokenizer().save_pretrained(path)
+        return path
     torch.manual_seed(seed)
     torch_dtype, default = getattr(torch, dtype), torch.get_default_dtype()
     # built in that dtype from the start: a multi-billion-parameter benchmark checkpoint in bfloat16 then needs half
@@ -106,7 +115,6 @@ def build_checkpoint(path: str | os.PathLike, arch: str = "Qwen3ForCausalLM", se
     finally:
         torch.set_default_dtype(default)
     _randomize_correction_bias(model, seed)
-    path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path, safe_serialization=True)
     if tokenizer:

@@ -12,6 +12,7 @@ import torch
 
 from atom_core.dummy_weights import FP8_RANGE, HIGH
 from atom_frontends.native import LLM, SamplingParams
+from atom_frontends.native.demo import build_checkpoint
 from tests.fp8_checkpoints import FORMATS
 
 CASES = {  # name → (architecture, quantization_config or None)
@@ -21,24 +22,20 @@ CASES = {  # name → (architecture, quantization_config or None)
 }
 
 
-def config_only(checkpoint_factory, tmp_path, arch: str, quantization: dict | None):
-    """A copy of a test checkpoint's folder without its weight files (config.json and the tokenizer)."""
-    src = checkpoint_factory(arch)
-    dst = tmp_path / arch
-    dst.mkdir()
-    for f in src.iterdir():
-        if f.suffix != ".safetensors" and f.name != "model.safetensors.index.json":
-            (dst / f.name).write_bytes(f.read_bytes())
+def config_only(tmp_path, arch: str, quantization: dict | None):
+    """A test checkpoint's folder as build_checkpoint(weights=False) writes it: config.json and the tokenizer."""
+    path = build_checkpoint(tmp_path / arch, arch, weights=False)
+    assert not list(path.glob("*.safetensors"))
     if quantization:
-        config = json.loads((dst / "config.json").read_text())
-        (dst / "config.json").write_text(json.dumps({**config, "quantization_config": quantization}))
-    return dst
+        config = json.loads((path / "config.json").read_text())
+        (path / "config.json").write_text(json.dumps({**config, "quantization_config": quantization}))
+    return path
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_dummy_weights_run_from_the_config_alone(checkpoint_factory, tmp_path, name):
+def test_dummy_weights_run_from_the_config_alone(tmp_path, name):
     arch, quantization = CASES[name]
-    path = config_only(checkpoint_factory, tmp_path, arch, quantization)
+    path = config_only(tmp_path, arch, quantization)
     llm = LLM(str(path), load_format="dummy", dtype="float32", max_model_len=128, num_kv_blocks=64)
     params = dict(llm.engine.model.named_parameters())
     for pname, p in params.items():
@@ -58,8 +55,8 @@ def test_dummy_weights_run_from_the_config_alone(checkpoint_factory, tmp_path, n
         assert torch.equal(p.detach().float(), params[pname].detach().float()), f"{pname}: seed 0 differs"
 
 
-def test_load_formats(checkpoint_factory, tmp_path):
-    path = config_only(checkpoint_factory, tmp_path, "Qwen3ForCausalLM", None)
+def test_load_formats(tmp_path):
+    path = config_only(tmp_path, "Qwen3ForCausalLM", None)
     with pytest.raises(FileNotFoundError, match="no \\*.safetensors weights"):
         LLM(str(path), dtype="float32", num_kv_blocks=64)
     with pytest.raises(ValueError, match="load_format='npz' is not supported"):
