@@ -19,15 +19,12 @@ FP8_RANGE = 448.0  # float8_e4m3fn's largest finite value
 def init_dummy_weights(model: torch.nn.Module, seed: int = 0) -> None:
     """Fill every parameter of `model` as the module docstring says."""
     for i, (name, param) in enumerate(model.named_parameters()):
-        g = torch.Generator(device=param.device).manual_seed(seed + i)
         data = param.data
         if not data.is_floating_point():
             continue
-        if data.dtype == torch.float8_e4m3fn:
-            values = torch.empty(data.shape, dtype=torch.float32, device=data.device).uniform_(-1, 1, generator=g)
-            data.copy_(values * FP8_RANGE)
-        elif "scale" in name.rsplit(".", 1)[-1]:
+        if data.dtype != torch.float8_e4m3fn and "scale" in name.rsplit(".", 1)[-1]:
             data.fill_(HIGH / FP8_RANGE)
-        else:
-            values = torch.empty(data.shape, dtype=torch.float32, device=data.device).uniform_(LOW, HIGH, generator=g)
-            data.copy_(values)
+            continue
+        low, high = (-FP8_RANGE, FP8_RANGE) if data.dtype == torch.float8_e4m3fn else (LOW, HIGH)
+        g = torch.Generator(device=data.device).manual_seed(seed + i)
+        data.copy_(torch.empty(data.shape, dtype=torch.float32, device=data.device).uniform_(low, high, generator=g))

@@ -98,6 +98,32 @@ class Report:
         return path
 
 
+def greedy_agreement(own: list[list[int]], ours: list[list[int]], peer: str, new_tokens: int) -> str:
+    """How many greedy sequences of two plugin-benchmark sides agree, and for how long (bf16: near-ties part them)."""
+    pairs = list(zip(own, ours))
+    same = sum(a == b for a, b in pairs)
+    agree = sorted(next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a)) for a, b in pairs)
+    return (f"batch {len(pairs)} greedy (bf16) vs {peer}'s own: {same}/{len(pairs)} sequences identical; tokens "
+            f"before the first difference: median {agree[len(agree) // 2]}, min {agree[0]} of {new_tokens}")
+
+
+def row_lines(own: dict, ours: dict, rows: list[str], peer: str) -> list[str]:
+    """A plugin benchmark's rows (vllm_plugin_gpu.py, sglang_plugin_gpu.py): each side's untimed first run, its timed
+    runs, then the table of medians with the ratio atom-core / the host's own last."""
+    own_label = f"{peer} own tok/s"
+    width = len(own_label) + 2
+    lines = ["first (untimed) run of each row, s: " + ", ".join(
+        f"{row} own {own[f'{row}_first_s']:.1f} / atom-core {ours[f'{row}_first_s']:.1f}" for row in rows)]
+    lines.append("timed runs, tok/s (medians below): " + "; ".join(
+        f"{row} own {', '.join(f'{r:,.0f}' for r in own[row]['runs'])} / atom-core "
+        f"{', '.join(f'{r:,.0f}' for r in ours[row]['runs'])}" for row in rows))
+    lines.append(f"{'row':<10}{own_label:>{width}}{'atom-core tok/s':>17}{'ratio':>8}")
+    for row in rows:
+        lines.append(f"{row:<10}{own[row]['tok_s']:>{width},.0f}{ours[row]['tok_s']:>17,.0f}"
+                     f"{ours[row]['tok_s'] / own[row]['tok_s']:>8.2f}")
+    return lines
+
+
 def ratio_line(label: str, ours: float, peer: float, suffix: str = "") -> str:
     """The line every benchmark ends with: `ratio LABEL: ours / peer` (2 decimals)."""
     return f"ratio {label}: {ours / peer:.2f}{suffix}"

@@ -33,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import MAX_MODEL_LEN, Report, shaped_checkpoint
+from common import MAX_MODEL_LEN, Report, greedy_agreement, row_lines, shaped_checkpoint
 from vllm_plugin_gpu import NEW, ROWS, workloads
 
 EXTERNAL = "atom_frontends.sglang.models"
@@ -132,20 +132,8 @@ def main() -> None:
              f"{ours['attention_backend']}; CUDA graphs: own {own['cuda_graph']}, atom-core {ours['cuda_graph']}",
              f"startup s: own {own['startup_s']:.0f}, atom-core {ours['startup_s']:.0f}"]
     if "batch32" in rows:
-        pairs = list(zip(own["batch32"]["tokens"], ours["batch32"]["tokens"]))
-        same = sum(a == b for a, b in pairs)
-        agree = sorted(next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a)) for a, b in pairs)
-        lines.append(f"batch 32 greedy (bf16) vs SGLang's own: {same}/32 sequences identical; tokens before the "
-                     f"first difference: median {agree[16]}, min {agree[0]} of {NEW}")
-    lines.append("first (untimed) run of each row, s: " + ", ".join(
-        f"{row} own {own[f'{row}_first_s']:.1f} / atom-core {ours[f'{row}_first_s']:.1f}" for row in rows))
-    lines.append("timed runs, tok/s (medians below): " + "; ".join(
-        f"{row} own {', '.join(f'{r:,.0f}' for r in own[row]['runs'])} / atom-core "
-        f"{', '.join(f'{r:,.0f}' for r in ours[row]['runs'])}" for row in rows))
-    lines.append(f"{'row':<10}{'SGLang own tok/s':>18}{'atom-core tok/s':>17}{'ratio':>8}")
-    for row in rows:
-        lines.append(f"{row:<10}{own[row]['tok_s']:>18,.0f}{ours[row]['tok_s']:>17,.0f}"
-                     f"{ours[row]['tok_s'] / own[row]['tok_s']:>8.2f}")
+        lines.append(greedy_agreement(own["batch32"]["tokens"], ours["batch32"]["tokens"], "SGLang", NEW))
+    lines += row_lines(own, ours, rows, "SGLang")
     for line in lines:
         report.say(line)
     report.save(args.out)

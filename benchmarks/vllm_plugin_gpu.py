@@ -28,7 +28,7 @@ import time
 from functools import partial
 from pathlib import Path
 
-from common import MAX_MODEL_LEN, Report, offline_lengths, shaped_checkpoint
+from common import MAX_MODEL_LEN, Report, greedy_agreement, offline_lengths, row_lines, shaped_checkpoint
 
 ROWS = ("batch1", "batch32", "offline")
 PROMPT, NEW = 128, 128
@@ -179,22 +179,10 @@ def main() -> None:
              f"models: {own['model']} | {ours['model']}; startup s: own {own['startup_s']:.0f}, "
              f"atom-core {ours['startup_s']:.0f}"]
     if "batch32" in rows:
-        pairs = list(zip(own["batch32"]["tokens"], ours["batch32"]["tokens"]))
-        same = sum(a == b for a, b in pairs)
-        agree = sorted(next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a)) for a, b in pairs)
-        lines.append(f"batch 32 greedy (bf16) vs vLLM's own: {same}/32 sequences identical; tokens before the first "
-                     f"difference: median {agree[16]}, min {agree[0]} of {NEW}")
+        lines.append(greedy_agreement(own["batch32"]["tokens"], ours["batch32"]["tokens"], "vLLM", NEW))
     lines.append("Triton compilations inside the timed runs: " + ", ".join(
         f"{row} own {own[f'{row}_jit']} / atom-core {ours[f'{row}_jit']}" for row in rows))
-    lines.append("first (untimed) run of each row, s: " + ", ".join(
-        f"{row} own {own[f'{row}_first_s']:.1f} / atom-core {ours[f'{row}_first_s']:.1f}" for row in rows))
-    lines.append("timed runs, tok/s (medians below): " + "; ".join(
-        f"{row} own {', '.join(f'{r:,.0f}' for r in own[row]['runs'])} / atom-core "
-        f"{', '.join(f'{r:,.0f}' for r in ours[row]['runs'])}" for row in rows))
-    lines.append(f"{'row':<10}{'vLLM own tok/s':>16}{'atom-core tok/s':>17}{'ratio':>8}")
-    for row in rows:
-        lines.append(f"{row:<10}{own[row]['tok_s']:>16,.0f}{ours[row]['tok_s']:>17,.0f}"
-                     f"{ours[row]['tok_s'] / own[row]['tok_s']:>8.2f}")
+    lines += row_lines(own, ours, rows, "vLLM")
     for line in lines:
         report.say(line)
     report.save(args.out)
