@@ -8,7 +8,10 @@ decode metadata made once, as every layer of a step shares it). Bandwidth = late
 copy). TFLOP/s counts 2 * B * H * L * (576 + 512). Peers over the same latent values, same run:
   - "torch bmm": absorbed decode in bf16 matmuls over a contiguous [B, L, 576] latent (logits, softmax, P @ V),
   - "reference": atom_kernels.reference.mla_attention over the same paged cache (float32 math, the test
-    oracle); skipped where its float32 copies (GQA expands the latent per head) would exceed REF_BYTES.
+    oracle); skipped where its float32 copies (GQA expands the latent per head) would exceed REF_BYTES,
+  - "FlashMLA": DeepSeek's FlashMLA as vLLM's GPU build ships it (Hopper only; its own page block 64, shuffled),
+    bf16 and fp8 latent (fp8 queries, per-tensor scales 1, as vLLM's FlashMLA backend runs it); skipped with the
+    reason where vLLM or a Hopper GPU is missing.
 Then batches of mixed context lengths (MIXED, uniform in [256, 4096]) launched longest first vs in batch order.
 A mini-sweep of heads per program (BLOCK_H 16/32/64) of the Triton kernel shows what the default config leaves on
 the table; on an H100 the default ("ours") is one of Hopper's wgmma kernels (mla_hopper_few_heads up to 32 heads,
@@ -193,9 +196,43 @@ def torch_bmm(q, lat):
     return fn
 
 
+def flashmla(q, lat, g: torch.Generator, fp8: bool):
+    """(FlashMLA's decode over the latent rows of lat in its own shuffled page-64 cache, None) or (None, why)."""
+    try:
+        from vllm.v1.attention.ops import flashmla as fm
+    except Exception as e:  # noqa: BLE001 - the peer is optional, its absence is printed
+        return None, f"no vLLM ({type(e).__name__})"
+    ok, why = fm.is_flashmla_dense_supported()
+    if not ok:
+        return None, why
+    b, seq = lat.shape[:2]
+    per_seq = seq // 64
+    perm = torch.randperm(b * per_seq, device=DEVICE, generator=g)
+    cache = torch.empty(b * per_seq, 64, 1, R + ROPE, device=DEVICE, dtype=FP8 if fp8 else lat.dtype)
+    cache[perm] = lat.view(b * per_seq, 64, 1, R + ROPE).to(cache.dtype)
+    tables = perm.view(b, per_seq).to(torch.int32)
+    seq_lens = torch.full((b,), seq, dtype=torch.int32, device=DEVICE)
+    q4 = q.unsqueeze(1)  # [B, 1, H, 576]: one query token per sequence
+    if not fp8:
+        sched, _ = fm.get_mla_metadata()
+        return (lambda: fm.flash_mla_with_kvcache(q4, cache, tables, seq_lens, R, sched, softmax_scale=SCALE,
+                                                  causal=True)[0].squeeze(1)), None
+    sched, splits = fm.get_mla_metadata_dense_fp8(seq_lens, q.shape[1], 1)
+    one, q8 = torch.ones(1, device=DEVICE), q4.to(FP8)
+    return (lambda: fm.flash_mla_with_kvcache_fp8(q8, cache, tables, seq_lens, R, sched, splits, SCALE, True, one,
+                                                  one)[0].squeeze(1)), None
+
+
 def reference_fn(q, cache, tables, seq_lens, qsl, scale=None):
     scratch: dict = {}
     return lambda: reference.mla_attention(q, cache, tables, seq_lens, qsl, SCALE, R, scale, plan_cache=scratch)
+
+
+def peer_cells(med: dict, flops: int) -> str:
+    """The FlashMLA columns of the summary row: bf16 / fp8 microseconds and the bf16 TFLOP/s (- where skipped)."""
+    us = " / ".join(f"{med[n] * 1e3:.1f}" if n in med else "-" for n in ("FlashMLA bf16", "FlashMLA fp8"))
+    tf = f"{flops / (med['FlashMLA bf16'] * 1e-3) / 1e12:.0f}" if "FlashMLA bf16" in med else "-"
+    return f"{us:>22s} {tf:>8s}"
 
 
 def main() -> int:
@@ -227,6 +264,13 @@ def main() -> int:
                 if bh <= triton.next_power_of_2(heads):
                     fns[f"BLOCK_H={bh} bf16"] = with_config(q, cache, tables, seq_lens, qsl, seq, bh)
                     fns[f"BLOCK_H={bh} fp8"] = with_config(q, cache8, tables, seq_lens, qsl, seq, bh, ones)
+            peer_notes = []
+            for dt in ("bf16", "fp8"):
+                fn, why = flashmla(q, lat, g, dt == "fp8")
+                if fn is None:
+                    peer_notes.append(f"FlashMLA {dt} skipped: {why}")
+                else:
+                    fns[f"FlashMLA {dt}"] = fn
             ref_bytes = b * seq * (R + ROPE) * 4 * (heads + 2)
             ref_note = f"reference skipped: ~{ref_bytes / 2**30:.0f} GiB of float32 copies > {REF_BYTES >> 30} GiB"
             if ref_bytes <= REF_BYTES:
@@ -234,7 +278,7 @@ def main() -> int:
                 ref_note = ""
             want = torch_bmm(q.float(), lat.float())()
             errs = {}
-            for n in ("ours bf16", "ours fp8"):
+            for n in [n for n in fns if n.startswith(("ours", "FlashMLA"))]:
                 try:
                     errs[n] = f"{(fns[n]().float() - want).abs().max().item():.2e}"
                 except Exception as e:  # noqa: BLE001 - reported, and gpu_times reports it again
@@ -244,11 +288,11 @@ def main() -> int:
             nbytes = {"bf16": b * seq * (R + ROPE) * 2, "fp8": b * seq * (R + ROPE)}
             flops = 2 * b * heads * seq * (R + ROPE + R)
             cfg = picked_config(q, cache, seq)
-            say(f"\nB={b} L={seq} heads={heads}: latent {nbytes['bf16'] / 1e6:.0f} MB (bf16); max|ours - fp32 "
-                f"torch| bf16 {errs['ours bf16']}, fp8 {errs['ours fp8']} (fp8 rounding included); "
-                f"mla_decode_config {cfg}")
-            if ref_note:
-                say(f"  {ref_note}")
+            say(f"\nB={b} L={seq} heads={heads}: latent {nbytes['bf16'] / 1e6:.0f} MB (bf16); max|x - fp32 torch| "
+                + ", ".join(f"{n} {e}" for n, e in errs.items()) + f" (fp8 rounding included); mla_decode_config {cfg}")
+            for note in [ref_note] + peer_notes:
+                if note:
+                    say(f"  {note}")
             for n, err in failed.items():
                 say(f"  {n:18s} failed: {err}")
             for n, t in med.items():
@@ -269,7 +313,7 @@ def main() -> int:
     mixed_rows(g, say, copy_bw)
 
     say("\n   B x L     heads  ours bf16 us  GB/s  of copy  TFLOP/s  ours fp8 us  of copy  fp8/bf16  "
-        "torch bmm us  reference us  best BLOCK_H bf16 / fp8")
+        "torch bmm us  reference us  FlashMLA bf16 / fp8 us  TFLOP/s  best BLOCK_H bf16 / fp8")
     for b, seq, heads, med, nbytes, flops, best in rows:
         t16, t8 = med.get("ours bf16"), med.get("ours fp8")
         if t16 is None or t8 is None:
@@ -280,9 +324,13 @@ def main() -> int:
         say(f"{b:4d} x {seq:<6d} {heads:4d}  {t16 * 1e3:12.1f} {nbytes['bf16'] / (t16 * 1e-3) / 1e9:5.0f} "
             f"{nbytes['bf16'] / (t16 * 1e-3) / copy_bw:8.2f} {flops / (t16 * 1e-3) / 1e12:8.0f} {t8 * 1e3:12.1f} "
             f"{nbytes['fp8'] / (t8 * 1e-3) / copy_bw:8.2f} {t8 / t16:9.2f} "
-            f"{med.get('torch bmm bf16', float('nan')) * 1e3:13.1f} {ref}  {bst}")
-    say(f"(copy bandwidth {copy_bw / 1e9:.0f} GB/s; goals: ours >= 0.80 of copy, fp8/bf16 <= 0.60; reference = "
-        "atom_kernels.reference.mla_attention, float32, skipped where its copies would not fit)")
+            f"{med.get('torch bmm bf16', float('nan')) * 1e3:13.1f} {ref}  {peer_cells(med, flops)}  {bst}")
+    say(f"(copy bandwidth {copy_bw / 1e9:.0f} GB/s; goals: ours >= 0.80 of copy, fp8/bf16 <= 0.60, 128 heads >= 660 "
+        "TFLOP/s; reference = atom_kernels.reference.mla_attention, float32, skipped where its copies would not fit)")
+    say("ours / FlashMLA time, bf16 and fp8 per row: " + "; ".join(
+        f"{b}x{seq} H{heads} " + " / ".join(f"{med[f'ours {dt}'] / med[f'FlashMLA {dt}']:.2f}" if
+                                            f"FlashMLA {dt}" in med and f"ours {dt}" in med else "-" for dt in
+                                            ("bf16", "fp8")) for b, seq, heads, med, *_ in rows))
     report.save(args.out)
     return 0
 
