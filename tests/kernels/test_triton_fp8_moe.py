@@ -91,20 +91,25 @@ def compare(got, want, act_group) -> None:
         torch.testing.assert_close(got.cpu(), want, **TOL[got.dtype])
 
 
-def assert_close_up_to_requantization(got, want, rel_l2=1e-2, bound=0.1) -> None:
-    """With dynamic activations the kernel quantizes its own SiLU-and-mul result to e4m3 for the down GEMM. On a GPU
-    that result comes from the fast exp and division (a few ulps from torch's), so a value within that distance of
-    an e4m3 rounding midpoint lands one e4m3 step (1/16 relative) from the reference's, and that token's whole output
-    row moves by ~1/(16 sqrt(I)) relative: elementwise float32 tolerances then fail, more often the more tokens.
-    Under the interpreter (IEEE exp) the strict comparison holds and is used. Here: the output within 1% in relative
-    L2 norm and every element within 0.1 of the reference (outputs are O(1)); a misplaced scale block or a dropped
-    activation scale is off by O(1) over whole tiles and fails both."""
+def assert_close_up_to_requantization(got, want, rel_l2=1e-2, row_rel_l2=0.1) -> None:
+    """With dynamic activations the kernel quantizes its own SiLU-and-mul result to e4m3 for the down GEMM, from a
+    gate-up product that Hopper's e4m3 tensor cores accumulate with fewer mantissa bits than float32 (DeepSeek-V3's
+    report: ~14 bits). An intermediate value that close to an e4m3 rounding midpoint lands one e4m3 step (1/16
+    relative) from the reference's, and its token's output row moves by ~1/(16 sqrt(I)) relative; the more tokens,
+    the larger the largest elementwise error (H200, 4096 tokens: output 0.3-0.7% off in relative L2, the worst element
+    0.12-0.2 off on O(1) outputs). Under the interpreter the strict comparison holds and is used. Here: the output
+    within 1% in relative L2 norm and every token's row within 10% (rows the reference leaves zero: within 10% of a
+    twentieth of the mean row norm); a misplaced scale block, a dropped activation scale or a pair routed wrongly is
+    off by O(1) in whole rows and fails both."""
     got, want = got.float(), want.float()
     err = (got - want).norm() / want.norm().clamp(min=1e-30)
-    worst = (got - want).abs().max().item() if got.numel() else 0.0
+    rows = want.norm(dim=-1)
+    row_err = (got - want).norm(dim=-1) / rows.clamp(min=0.05 * rows.mean().item() + 1e-30)
+    worst = int(row_err.argmax()) if row_err.numel() else 0
     mismatched = (~torch.isclose(got, want, **TOL[torch.float32])).sum().item()
-    assert err < rel_l2 and worst < bound, (f"relative L2 error {err:.2e} (limit {rel_l2}), max abs error {worst:.3g} "
-                                            f"(limit {bound}); {mismatched}/{got.numel()} outside float32 tolerances")
+    assert err < rel_l2 and (not row_err.numel() or row_err[worst] < row_rel_l2), (
+        f"relative L2 error {err:.2e} (limit {rel_l2}), worst row {worst} off by {row_err[worst]:.2e} relative "
+        f"(limit {row_rel_l2}); {mismatched}/{got.numel()} outside float32 tolerances")
 
 
 def dropped_routing(t, k, e, seed):
@@ -285,6 +290,23 @@ def interpreter_checks() -> None:
             assert_close_up_to_requantization(*moe_outputs(t, 2, 4, 40, 24, 16, 16, F32, "cpu", config=cfg,
                                                            scales=shifted_scale_blocks))
     print("interpreter checks passed")
+
+
+def test_the_requantization_comparison_catches_one_wrong_row():
+    """The GPU's looser comparison: one token row off as a dropped pair leaves it (a third of its norm) fails it,
+    though the whole output's relative L2 error stays under 1%; a zero row the kernel fills fails it too."""
+    want = torch.randn(4096, 64, generator=torch.Generator().manual_seed(0))
+    want[7] = 0
+    assert_close_up_to_requantization(want * (1 + 3e-3), want)
+    one_row = want.clone()
+    one_row[100] *= 0.67
+    assert (one_row - want).norm() / want.norm() < 1e-2
+    with pytest.raises(AssertionError, match="worst row 100"):
+        assert_close_up_to_requantization(one_row, want)
+    filled = want.clone()
+    filled[7] = want[8]
+    with pytest.raises(AssertionError, match="worst row 7"):
+        assert_close_up_to_requantization(filled, want)
 
 
 def test_kernels_under_the_interpreter():
