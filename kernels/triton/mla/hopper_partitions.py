@@ -24,6 +24,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+# The CTA-wide barrier: gl.thread_barrier up to triton 3.6, gl.barrier from 3.7 (vLLM 0.32's GPU build).
+thread_barrier = getattr(gl, "thread_barrier", None) or getattr(gl, "barrier", None)
 LOAD_THREADS = gl.constexpr(4 * 32)  # the load warpgroup's threads: one cp.async arrival each on ready
 
 
@@ -119,17 +121,17 @@ def softmax_partition(q_smem, qpe_smem, conv, conv_pe, p_smem, a_smem, ready, fr
         p_smem.store(p.to(p_smem.dtype))
         a_smem.store(alpha)
         fence_async_shared()
-        gl.thread_barrier()
+        thread_barrier()
         mbarrier.arrive(p_full)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
         acc = warpgroup_mma(p_smem, kv.slice(0, HALF, dim=1), acc)
-        gl.thread_barrier()  # every warp's part of the wgmma done before the slot is handed back
+        thread_barrier()  # every warp's part of the wgmma done before the slot is handed back
         mbarrier.arrive(free.index(b))
     # the final scale for both halves: 1 / den (0 where no key), times the cache scale
     inv = gl.where(den > 0, out_scale / gl.where(den > 0, den, 1.0), 0.0)
     mbarrier.wait(p_free, (n_tiles & 1) ^ 1)
     a_smem.store(inv)
-    gl.thread_barrier()
+    thread_barrier()
     mbarrier.arrive(p_full)
     o = acc * gl.convert_layout(inv, gl.SliceLayout(1, o_l))[:, None]
     store_part(o, q_smem, out_row, head0, 0, num_heads)  # the query's tile: read only by this warpgroup's dots
@@ -162,7 +164,7 @@ def store_part(o, buf, out_row, head0, c0, num_heads):
     else:
         stage = buf._reinterpret(dt, [BLOCK_H, W], staging_layout([BLOCK_H, W], dt))
         stage.store(o.to(dt))
-        gl.thread_barrier()
+        thread_barrier()
         ld: gl.constexpr = row_layout(8)
         x = stage.load(ld)
     h = head0 + gl.arange(0, BLOCK_H, gl.SliceLayout(1, ld))
@@ -203,7 +205,7 @@ def load_partition(cache_ptr, pages, ring, ring_pe, conv, conv_pe, p_smem, a_sme
         acc = acc * a_smem.load(gl.SliceLayout(1, o_l))[:, None]
         acc = warpgroup_mma(p_smem, conv.index(b).slice(HALF, HALF, dim=1), acc)
         mbarrier.wait(free.index(b), phase)  # the softmax warpgroup is done with tile j too
-        gl.thread_barrier()
+        thread_barrier()
         mbarrier.arrive(p_free)
         if CONVERT:
             if j + 1 < n_tiles:
@@ -225,5 +227,5 @@ def upcast_tile(ring, ring_pe, conv, conv_pe, slot, ready, ld: gl.constexpr):
     conv.index(0).store(ring.index(slot).load(ld).to(conv.dtype))
     conv_pe.index(0).store(ring_pe.index(slot).load(ld).to(conv.dtype))
     fence_async_shared()
-    gl.thread_barrier()
+    thread_barrier()
     mbarrier.arrive(ready.index(0))
