@@ -27,11 +27,14 @@ the roofline then counts those bytes.
 top-8, expert intermediate 768; ~2.5 B parameters) instead; its roofline counts the expected number of distinct
 experts a decode step touches (E * (1 - (1 - k/E)^batch) per MoE layer), not all of them.
 
+--quant fp8: the same shape as bf16 and as an FP8 block-quantized checkpoint, both with random weights drawn at load
+(native_fp8.py): decode tok/s at batch 1 and 32, the FP8 / bf16 ratio last.
+
 --profile: only a profile of the default engine (gpu_profile.py: GPU kernels by kind, top kernels, wall vs GPU);
 with --throughput, of the offline workload.
 
     python benchmarks/native_gpu.py [--throughput | --profile] [--overlap both|on|off] [--kv-cache-dtype auto|fp8]
-                                    [--checkpoint DIR] [--shape NAME]
+                                    [--checkpoint DIR] [--shape NAME] [--quant fp8]
 """
 
 from __future__ import annotations
@@ -411,8 +414,14 @@ def main() -> None:
     ap.add_argument("--overlap", choices=["both", "on", "off"], default="both",
                     help="overlap scheduling of the native engine: both (a before/after in one run), on or off")
     ap.add_argument("--kv-cache-dtype", choices=["auto", "fp8"], default="auto", help="--throughput's KV cache")
+    ap.add_argument("--quant", choices=["fp8"], help="decode of an FP8 block-quantized checkpoint vs bf16 (alone)")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
+    if args.quant:
+        import native_fp8
+
+        print(f"{datetime.date.today()} {torch.cuda.get_device_name()} torch {torch.__version__}")
+        return native_fp8.fp8_vs_bf16(args.shape)
     path = shaped_checkpoint(args.checkpoint, args.shape)
     print(f"{datetime.date.today()} {torch.cuda.get_device_name()} torch {torch.__version__}; "
           f"{args.shape}-shaped random checkpoint, bf16")

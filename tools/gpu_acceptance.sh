@@ -12,7 +12,8 @@
 #   sglang-tp  SGLang TP 2 / TP 2 + EP 2 engines (2 GPUs)
 #   vllm       the carried vLLM (../shared/gpu_vllm): its GPU tests (gpu_memory_utilization 0.9: alone)
 #   serve      the carried vLLM: the 256-client load/fault test of `atom-core serve`, then benchmarks/serve.py
-#   bench      benchmarks/sglang_plugin_gpu.py (carried SGLang), fp8_gemm.py and moe.py --check --fp8
+#   bench      benchmarks/sglang_plugin_gpu.py (carried SGLang), fp8_gemm.py, moe.py --check --fp8, native_gpu.py --quant fp8
+#              (dense and MoE), mla_decode.py
 # STEP may be several, comma-separated: run one after the other. Multi-GPU machines: NVLink multicast stays off.
 set -uo pipefail
 steps=$1 logdir=$2
@@ -65,7 +66,9 @@ for step in ${steps//,/ }; do
     ;;
   bench)
     (sglang_env && timeout 600 python3 benchmarks/sglang_plugin_gpu.py) > "$logdir/sglang_bench.log" 2>&1
-    (cd benchmarks && timeout 300 python3 fp8_gemm.py && timeout 300 python3 moe.py --check --fp8) > "$logdir/fp8_bench.log" 2>&1
+    (cd benchmarks && timeout 300 python3 fp8_gemm.py && timeout 300 python3 moe.py --check --fp8 \
+      && timeout 300 python3 native_gpu.py --quant fp8 && timeout 300 python3 native_gpu.py --quant fp8 --shape qwen3-30b-a3b-4l \
+      && timeout 300 python3 mla_decode.py) > "$logdir/fp8_bench.log" 2>&1
     ;;
   *) echo "unknown step $step (kernels, native, sglang, sglang-tp, vllm, serve, bench)"; exit 2 ;;
   esac

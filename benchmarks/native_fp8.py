@@ -1,0 +1,59 @@
+"""native_gpu.py --quant fp8: the native engine on one shape twice, bf16 weights and an FP8 checkpoint of the
+released block format (DeepSeek-V3's and the Qwen3-FP8 releases' quantization_config: e4m3 weights, a float32 scale
+per 128 x 128 block, activations quantized per token and group of 128), same run.
+
+Both checkpoints are config.json alone: the engine draws random weights at load (load format "dummy"), so no FP8
+file of the full shape is written, and greedy tokens are not compared (the FP8 parity is the tests' job:
+tests/frontends/native/test_fp8_parity.py). Decode tokens/s at batch 1 and 32 (prompt 128, 128 new tokens, greedy,
+EOS ignored) as native_gpu.py times it, the decode graph's GPU time a step, and the roofline of each: the weight
+bytes one decode step reads over the device copy bandwidth. The FP8 / bf16 decode ratio is printed last (issue 37's
+goal at batch 1: >= 1.5).
+"""
+
+from __future__ import annotations
+
+from common import SHAPES, copy_bandwidth, random_prompts, shaped_checkpoint
+from native_gpu import PROMPT, free_gpu, native_decode, native_engine
+
+FP8_BLOCK = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+BATCHES = (1, 32)
+
+
+def weight_bytes(llm) -> int:
+    """Bytes of the model's parameters (FP8 weights count one byte, their float32 scales four)."""
+    return sum(p.numel() * p.element_size() for p in llm.engine.model.parameters())
+
+
+def decode_rows(path: str, vocab: int) -> tuple[dict[int, tuple[float, float]], int]:
+    """({batch: (decode tok/s, decode-graph GPU ms a step)}, weight bytes) of the native engine on `path`."""
+    llm = native_engine(path, fused=True, load_format="dummy", max_num_seqs=max(BATCHES))
+    rows = {}
+    for b in BATCHES:
+        tok_s, graph_ms, _, _ = native_decode(llm, random_prompts(b, PROMPT, vocab, seed=b))
+        rows[b] = (tok_s, graph_ms)
+    nbytes = weight_bytes(llm)
+    del llm
+    free_gpu()
+    return rows, nbytes
+
+
+def fp8_vs_bf16(shape: str) -> None:
+    paths = {"bf16": shaped_checkpoint(None, shape, weights=False),
+             "fp8": shaped_checkpoint(None, shape, weights=False, quantization_config=FP8_BLOCK)}
+    bw = copy_bandwidth()
+    runs = {name: decode_rows(path, SHAPES[shape][1]["vocab_size"]) for name, path in paths.items()}
+    print(f"\n{shape}, random weights drawn at load; copy bandwidth {bw / 1e12:.2f} TB/s; weights "
+          + ", ".join(f"{n} {nbytes / 1e9:.3f} GB" for n, (_, nbytes) in runs.items()))
+    print(f"{'batch':>5} {'bf16 tok/s':>11} {'graph ms':>9} {'fp8 tok/s':>10} {'graph ms':>9} "
+          f"{'bf16 weight-roof ms':>20} {'fp8 weight-roof ms':>19} {'fp8/bf16':>9}")
+    for b in BATCHES:
+        (t16, g16), (t8, g8) = runs["bf16"][0][b], runs["fp8"][0][b]
+        roof = {n: nbytes / bw * 1e3 for n, (_, nbytes) in runs.items()}
+        print(f"{b:>5} {t16:>11.0f} {g16:>9.3f} {t8:>10.0f} {g8:>9.3f} {roof['bf16']:>20.3f} {roof['fp8']:>19.3f} "
+              f"{t8 / t16:>9.2f}")
+    print("FP8 / bf16 decode tok/s: " + ", ".join(
+        f"batch {b} {runs['fp8'][0][b][0] / runs['bf16'][0][b][0]:.2f}" for b in BATCHES) + " (goal at batch 1 >= 1.5)")
+
+
+if __name__ == "__main__":
+    raise SystemExit("run it as: python benchmarks/native_gpu.py --quant fp8 [--shape NAME]")
