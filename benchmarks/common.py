@@ -60,6 +60,9 @@ DEEPSEEK_V3 = dict(vocab_size=129280, hidden_size=7168, intermediate_size=18432,
 SHAPES = {"qwen3-0.6b": ("Qwen3ForCausalLM", QWEN3_06B), "qwen3-30b-a3b-4l": ("Qwen3MoeForCausalLM", QWEN3_30B_A3B_4L),
           "qwen3-30b-a3b": ("Qwen3MoeForCausalLM", QWEN3_30B_A3B),
           "deepseek-v3": ("DeepseekV3ForCausalLM", DEEPSEEK_V3)}
+# The released FP8 block format's quantization_config (DeepSeek-V3, the Qwen3-FP8 releases): e4m3 weights, a float32
+# scale per 128 x 128 block, activations quantized per token and group of 128.
+FP8_BLOCK = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
 # The offline workload (native_gpu.py --throughput, vllm_peer.py, vllm_plugin_gpu.py's offline row): 256 requests,
 # prompt and output lengths uniform in [100, 1024]; MAX_MODEL_LEN covers it.
 OFFLINE_REQUESTS, OFFLINE_MIN, OFFLINE_MAX = 256, 100, 1024

@@ -12,10 +12,9 @@ goal at batch 1: >= 1.5).
 
 from __future__ import annotations
 
-from common import SHAPES, copy_bandwidth, random_prompts, shaped_checkpoint
+from common import FP8_BLOCK, SHAPES, copy_bandwidth, random_prompts, shaped_checkpoint
 from native_gpu import PROMPT, free_gpu, native_decode, native_engine
 
-FP8_BLOCK = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
 BATCHES = (1, 32)
 
 

@@ -11,8 +11,12 @@ Each row runs once untimed, then timed --repeats times (default 3; the median co
 printed too, and the Triton compilations inside the timed runs).
 Prints both sides, how many batch-32 greedy sequences agree (bf16: near-ties may differ), and the
 ratio atom-core / vLLM's own last; writes the table to benchmarks/results/.
+--quant fp8: the same shape as an FP8 block-quantized checkpoint (common.FP8_BLOCK), config.json alone: each side
+draws random weights at load (vLLM's load format "dummy"), so the two sides' weights differ and greedy tokens are
+not compared.
 
     python benchmarks/vllm_plugin_gpu.py [--checkpoint DIR] [--rows batch1,batch32,offline] [--repeats N] [--profile]
+                                         [--quant fp8]
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import time
 from functools import partial
 from pathlib import Path
 
-from common import MAX_MODEL_LEN, Report, greedy_agreement, offline_lengths, row_lines, shaped_checkpoint
+from common import FP8_BLOCK, MAX_MODEL_LEN, Report, greedy_agreement, offline_lengths, row_lines, shaped_checkpoint
 
 ROWS = ("batch1", "batch32", "offline")
 PROMPT, NEW = 128, 128
@@ -120,7 +124,9 @@ def worker(path: str, rows: list[str], profile: bool = False, repeats: int = 1) 
 
     vocab = json.loads((Path(path) / "config.json").read_text())["vocab_size"]
     t0 = time.perf_counter()
-    llm = LLM(model=path, dtype="bfloat16", skip_tokenizer_init=True, max_model_len=MAX_MODEL_LEN, seed=0)
+    dummy = not any(Path(path).glob("*.safetensors"))  # a config.json alone (--quant fp8): weights drawn at load
+    llm = LLM(model=path, dtype="bfloat16", skip_tokenizer_init=True, max_model_len=MAX_MODEL_LEN, seed=0,
+              load_format="dummy" if dummy else "auto")
     result = {"startup_s": time.perf_counter() - t0}
     for row in rows:
         timed = time_requests(llm, *requests_and_params(vocab, row), repeats)
@@ -154,6 +160,7 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="also profile each row's workload on each side")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs of each row per side (the median counts)")
     ap.add_argument("--only-ours", action="store_true", help="only atom-core's side, profiled; no table")
+    ap.add_argument("--quant", choices=["fp8"], help="an FP8 block-quantized checkpoint of the shape, dummy weights")
     ap.add_argument("--worker", metavar="CHECKPOINT", help=argparse.SUPPRESS)
     report = Report("vllm_plugin_gpu", ap)
     args = ap.parse_args()
@@ -165,7 +172,10 @@ def main() -> None:
         return
     import torch
 
-    path = shaped_checkpoint(args.checkpoint)
+    if args.quant:
+        path = shaped_checkpoint(args.checkpoint, weights=False, quantization_config=FP8_BLOCK)
+    else:
+        path = shaped_checkpoint(args.checkpoint)
     if args.only_ours:  # a profile of our side alone
         print(run_side(path, rows, own=False, profile=True).get("profile"))
         return
@@ -174,11 +184,12 @@ def main() -> None:
     for name, side in (("vLLM own", own), ("atom-core", ours)):
         if "profile" in side:
             print(f"profile, {name}: {side['profile']}")
-    lines = [f"{datetime.date.today()} {torch.cuda.get_device_name()}; Qwen3-0.6B-shaped random checkpoint, bf16, "
+    kind = "FP8 block checkpoint, weights drawn at load" if args.quant else "random checkpoint, bf16"
+    lines = [f"{datetime.date.today()} {torch.cuda.get_device_name()}; Qwen3-0.6B-shaped {kind}, "
              f"vLLM defaults; cudagraph mode: own {own['cudagraph_mode']}, atom-core {ours['cudagraph_mode']}",
              f"models: {own['model']} | {ours['model']}; startup s: own {own['startup_s']:.0f}, "
              f"atom-core {ours['startup_s']:.0f}"]
-    if "batch32" in rows:
+    if "batch32" in rows and not args.quant:
         lines.append(greedy_agreement(own["batch32"]["tokens"], ours["batch32"]["tokens"], "vLLM", NEW))
     lines.append("Triton compilations inside the timed runs: " + ", ".join(
         f"{row} own {own[f'{row}_jit']} / atom-core {ours[f'{row}_jit']}" for row in rows))

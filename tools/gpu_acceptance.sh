@@ -11,6 +11,7 @@
 #              own models (two groups, ~20 min); the whole SGLang folder on the GPU (eager engines, mem fraction 0.25)
 #   sglang-tp  SGLang TP 2 / TP 2 + EP 2 engines (2 GPUs)
 #   vllm       the carried vLLM (../shared/gpu_vllm): its GPU tests (gpu_memory_utilization 0.9: alone)
+#   vllm-bench the carried vLLM: benchmarks/vllm_plugin_gpu.py bf16 and --quant fp8 (atom-core vs vLLM's own)
 #   serve      the carried vLLM: the 256-client load/fault test of `atom-core serve`, then benchmarks/serve.py
 #   bench      benchmarks/sglang_plugin_gpu.py (carried SGLang), fp8_gemm.py, moe.py --check --fp8, native_gpu.py --quant fp8
 #              (dense and MoE), mla_decode.py
@@ -58,6 +59,12 @@ for step in ${steps//,/ }; do
     python3 -m pip install -q --no-deps --no-build-isolation --upgrade --target /tmp/site . 2>&1 | tail -2
     tests "$logdir/vllm" "vllm=tests/frontends/vllm -m gpu"
     ;;
+  vllm-bench)
+    export PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0
+    python3 -m pip install -q --no-deps --no-build-isolation --upgrade --target /tmp/site . 2>&1 | tail -2
+    (cd benchmarks && timeout 600 python3 vllm_plugin_gpu.py && timeout 600 python3 vllm_plugin_gpu.py --quant fp8) \
+      > "$logdir/vllm_bench.log" 2>&1
+    ;;
   serve)  # issue 39 on the GPU: FastAPI/uvicorn/openai come with the carried vLLM
     export PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0
     python3 -m pip install -q --no-deps --no-build-isolation --upgrade --target /tmp/site . 2>&1 | tail -2
@@ -70,7 +77,7 @@ for step in ${steps//,/ }; do
       && timeout 300 python3 native_gpu.py --quant fp8 && timeout 300 python3 native_gpu.py --quant fp8 --shape qwen3-30b-a3b-4l \
       && timeout 300 python3 mla_decode.py) > "$logdir/fp8_bench.log" 2>&1
     ;;
-  *) echo "unknown step $step (kernels, native, sglang, sglang-tp, vllm, serve, bench)"; exit 2 ;;
+  *) echo "unknown step $step (kernels, native, sglang, sglang-tp, vllm, vllm-bench, serve, bench)"; exit 2 ;;
   esac
   )
 done
