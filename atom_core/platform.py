@@ -16,6 +16,14 @@ def _gather_single(t: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return t
 
 
+def _no_dispatch(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return tensors
+
+
+def _no_combine(out: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+    return out
+
+
 EXPERT_PLACEMENTS = ("linear", "round_robin")
 
 
@@ -26,13 +34,19 @@ class Platform:
     all_reduce(t) sums `t` over the tensor-parallel group (in place allowed) and returns it;
     all_gather(t, dim) concatenates the ranks' `t` along `dim`. Both go through the HOST's groups.
 
+    Data parallelism (vLLM's --data-parallel-size; default none): dp_size engine ranks each run their own requests
+    through the whole model (attention and dense layers tensor-parallel inside the rank's own TP group) except the
+    MoE experts, which are split over the MoE group of all dp_size x tp_size ranks, moe_rank = dp_rank * tp_size +
+    tp_rank. Around the experts `dispatch(hidden, topk_weights, topk_ids)` gives the same tensors over the tokens of
+    every DP rank (each rank's rows padded to the most any rank has), and `combine(out, local_hidden)` sums the
+    experts' partial output over the DP ranks and returns this rank's rows ([T_local, H]).
+
     Expert parallelism (the host's layout; default none): the MoE layers' experts are split over ep_size ranks of
-    the tensor-parallel group, each rank holding whole experts (its `local_experts`) and, when ep_size < tp_size, a
-    1/moe_tp_size slice of their intermediate dim. Ranks are laid out as vLLM and SGLang lay them out:
-    tp_rank = ep_rank * moe_tp_size + moe_tp_rank. Every rank's partial MoE output is summed with `all_reduce`
-    over the whole tensor-parallel group (= the EP group x the MoE-TP group). Which experts a rank holds is the
+    the MoE group, each rank holding whole experts (its `local_experts`) and, when ep_size is less than the group,
+    a 1/moe_tp_size slice of their intermediate dim. Ranks are laid out as vLLM and SGLang lay them out:
+    moe_rank = ep_rank * moe_tp_size + moe_tp_rank. Every rank's partial MoE output is summed over the group:
+    `combine` over the DP ranks, then `all_reduce` over the tensor-parallel group. Which experts a rank holds is the
     host's `expert_placement`: "linear" (contiguous ranges) or "round_robin" (expert e on rank e % ep_size).
-    Expert parallelism across data-parallel ranks (token dispatch) is not supported.
     """
 
     host: str
@@ -44,32 +58,46 @@ class Platform:
     ep_rank: int = 0
     ep_size: int = 1
     expert_placement: str = "linear"
+    dp_rank: int = 0
+    dp_size: int = 1
+    dispatch: Callable[..., tuple[torch.Tensor, ...]] = _no_dispatch
+    combine: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = _no_combine
 
     def __post_init__(self) -> None:
         if not 0 <= self.tp_rank < self.tp_size:
             raise ValueError(f"tp_rank={self.tp_rank} is outside [0, tp_size={self.tp_size})")
+        if not 0 <= self.dp_rank < self.dp_size:
+            raise ValueError(f"dp_rank={self.dp_rank} is outside [0, dp_size={self.dp_size})")
         if not 0 <= self.ep_rank < self.ep_size:
             raise ValueError(f"ep_rank={self.ep_rank} is outside [0, ep_size={self.ep_size})")
-        if self.tp_size % self.ep_size:
-            raise ValueError(f"ep_size={self.ep_size} must divide tp_size={self.tp_size}: expert parallelism runs "
-                             "inside the tensor-parallel group (expert parallelism over data-parallel ranks is not "
-                             "supported)")
-        if self.ep_rank != self.tp_rank // self.moe_tp_size:
-            raise ValueError(f"ep_rank={self.ep_rank} does not match tp_rank={self.tp_rank}: with ep_size="
-                             f"{self.ep_size} of tp_size={self.tp_size} rank tp_rank holds the experts of ep_rank "
-                             f"tp_rank // {self.moe_tp_size} (tp_rank = ep_rank * moe_tp_size + moe_tp_rank)")
+        if self.moe_size % self.ep_size:
+            raise ValueError(f"ep_size={self.ep_size} must divide the MoE group's dp_size x tp_size = {self.moe_size} "
+                             "ranks: expert parallelism runs inside it")
+        if self.ep_rank != self.moe_rank // self.moe_tp_size:
+            raise ValueError(f"ep_rank={self.ep_rank} does not match moe_rank={self.moe_rank} (dp_rank * tp_size + "
+                             f"tp_rank): with ep_size={self.ep_size} of {self.moe_size} MoE ranks, rank moe_rank holds "
+                             f"the experts of ep_rank moe_rank // {self.moe_tp_size}")
         if self.expert_placement not in EXPERT_PLACEMENTS:
             raise ValueError(f"expert_placement={self.expert_placement!r} is not supported; supported: "
                              f"{', '.join(EXPERT_PLACEMENTS)}")
 
     @property
+    def moe_size(self) -> int:
+        """Ranks the MoE experts are split over: dp_size x tp_size."""
+        return self.dp_size * self.tp_size
+
+    @property
+    def moe_rank(self) -> int:
+        return self.dp_rank * self.tp_size + self.tp_rank
+
+    @property
     def moe_tp_size(self) -> int:
-        """Ranks sharing each expert (splitting its intermediate dim): tp_size // ep_size."""
-        return self.tp_size // self.ep_size
+        """Ranks sharing each expert (splitting its intermediate dim): moe_size // ep_size."""
+        return self.moe_size // self.ep_size
 
     @property
     def moe_tp_rank(self) -> int:
-        return self.tp_rank % self.moe_tp_size
+        return self.moe_rank % self.moe_tp_size
 
     def local_experts(self, num_experts: int) -> list[int]:
         """Global ids of the experts this rank holds, in the order it stores them (vLLM's determine_expert_map:

@@ -2,13 +2,15 @@
 run by the `fused_moe` op, and optional shared experts (DeepSeek) added to the routed output.
 
 Parallelism (the Platform's layout): expert parallelism splits the E experts over ep_size ranks, each holding only
-its E_local experts (Platform.local_experts: the host's placement), and the moe_tp_size = tp_size // ep_size ranks
+its E_local experts (Platform.local_experts: the host's placement), and the moe_tp_size = moe_size // ep_size ranks
 that share an expert shard its intermediate dimension (like a column- then row-parallel MLP). A rank holds
 gate_up_proj [E_local, 2*I/moe_tp, H] (its gate rows, then its up rows) and down_proj [E_local, H, I/moe_tp], and
 expert_map [E] int32 (global id → local index, -1 for another rank's expert). The forward maps the router's ids
 through it, so the op skips pairs whose expert is elsewhere (its -1 contract), and the partial outputs are summed
-over the tensor-parallel group with the host's all-reduce (the Platform's). No EP (the default): E_local = E, the
-intermediate dim split over all tp_size ranks. vLLM's EP: moe_tp_size 1; SGLang's --ep-size: tp_size // ep_size.
+over the MoE group (the Platform's combine over data-parallel ranks, then its all-reduce over the tensor-parallel
+group). No EP (the default): E_local = E, the intermediate dim split over all moe_size ranks. vLLM's EP: moe_tp_size
+1; SGLang's --ep-size: tp_size // ep_size. The MoE group is the tensor-parallel group, or with vLLM's data
+parallelism all dp_size x tp_size ranks, the tokens of every DP rank gathered around the experts.
 
 Checkpoints: transformers' save_pretrained writes per-expert tensors `experts.{i}.{gate,up,down}_proj.weight`
 (4.x and 5.x alike; atom_core.models.weights maps them here with shard id (i, "gate"|"up"|"down")); the fused
@@ -129,7 +131,12 @@ class FusedExperts(nn.Module):
             param.data[local, offset:offset + half].copy_(loaded.narrow(0, rank * half, half))
 
     def forward(self, hidden: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
-        """hidden [T, H], topk_weights / topk_ids [T, K] (global expert ids) → [T, H], summed over the TP group."""
+        """hidden [T, H], topk_weights / topk_ids [T, K] (global expert ids) → [T, H], summed over the MoE group.
+        With data parallelism the experts run on every DP rank's tokens (the Platform's dispatch; padding rows
+        have routing weight 0) and `combine` hands back this rank's rows summed over the DP ranks."""
+        local = hidden
+        if self.platform.dp_size > 1:
+            hidden, topk_weights, topk_ids = self.platform.dispatch(hidden, topk_weights, topk_ids)
         if len(self.local_experts) < self.num_experts:
             topk_ids = self.expert_map[topk_ids]  # local ids; -1: another rank's expert, which the op skips
         if self.scheme is None:
@@ -138,6 +145,8 @@ class FusedExperts(nn.Module):
             out = atom_kernels.fp8_fused_moe(hidden, self.gate_up_proj, self.down_proj, self.gate_up_proj_scale,
                                              self.down_proj_scale, topk_weights, topk_ids, self.block_k,
                                              self.act_group)
+        if self.platform.dp_size > 1:
+            out = self.platform.combine(out, local)
         return self.platform.all_reduce(out) if self.platform.tp_size > 1 else out
 
 

@@ -10,6 +10,7 @@ import torch
 from atom_core.config import AtomConfig
 from atom_core.platform import Platform
 from atom_core.quantization import checkpoint_precision
+from atom_frontends.vllm.data_parallel import data_parallel_fields
 
 # How to run the model without atom-core: appended to the errors of checkpoint_precision.
 _FALLBACK = "; or set ATOM_DISABLE_VLLM_PLUGIN=1 to run vLLM's own implementation"
@@ -57,39 +58,37 @@ def _all_reduce(t: torch.Tensor) -> torch.Tensor:
     return tensor_model_parallel_all_reduce(t)
 
 
-def expert_parallel_layout(vllm_config: Any, tp_rank: int, tp_size: int) -> dict[str, Any]:
+def expert_parallel_layout(vllm_config: Any, moe_rank: int, moe_size: int) -> dict[str, Any]:
     """The Platform's expert-parallel fields, as vLLM's own FusedMoE lays its experts out
-    (fused_moe/config.py FusedMoEParallelConfig.make, expert_map_manager.py): with enable_expert_parallel and one
-    data-parallel rank, every tensor-parallel rank is an EP rank holding whole experts (ep = tp, MoE-TP 1), in the
-    configured expert_placement_strategy; "round_robin" falls back to "linear" unless the model routes over expert
-    groups (n_group > 1), as vLLM's determine_expert_placement_strategy does. No config (not inside vLLM's model
-    construction) or EP off: {} (no EP: each expert's intermediate dim is split over the TP ranks instead)."""
+    (fused_moe/config.py FusedMoEParallelConfig.make, expert_map_manager.py): with enable_expert_parallel every rank
+    of the MoE group (dp_size x tp_size ranks, moe_rank = dp_rank * tp_size + tp_rank) is an EP rank holding whole
+    experts (MoE-TP 1), in the configured expert_placement_strategy; "round_robin" falls back to "linear" unless the
+    model routes over expert groups (n_group > 1), as vLLM's determine_expert_placement_strategy does. No config
+    (not inside vLLM's model construction) or EP off: {} (no EP: each expert's intermediate dim is split over the
+    MoE group's ranks instead)."""
     par = getattr(vllm_config, "parallel_config", None)
     if par is None or not par.enable_expert_parallel:
         return {}
-    spread = {"data_parallel_size": par.data_parallel_size,
-              "prefill_context_parallel_size": par.prefill_context_parallel_size}
-    if any(size > 1 for size in spread.values()):
-        name, size = next((n, v) for n, v in spread.items() if v > 1)
-        raise ValueError(f"vLLM's enable_expert_parallel with {name}={size}: expert parallelism across those ranks "
-                         "needs token dispatch between them (all-to-all), which atom-core's MoE layer does not have. "
-                         f"Run with {name}=1 (experts then split over the tensor-parallel ranks: --tensor-parallel-size"
-                         f" N --enable-expert-parallel), or without --enable-expert-parallel{_FALLBACK}")
+    if par.prefill_context_parallel_size > 1:
+        raise ValueError(f"vLLM's enable_expert_parallel with prefill_context_parallel_size="
+                         f"{par.prefill_context_parallel_size}: atom-core's MoE layer gathers tokens over data-parallel"
+                         " ranks only; run with prefill_context_parallel_size=1, or without --enable-expert-parallel"
+                         f"{_FALLBACK}")
     if par.enable_eplb:
         raise ValueError("vLLM's enable_eplb (expert load balancing, redundant experts) is not supported by "
                          f"atom-core's MoE layer; run without --enable-eplb{_FALLBACK}")
-    if tp_size == 1:
+    if moe_size == 1:
         return {}
     placement = par.expert_placement_strategy
     groups = getattr(vllm_config.model_config.hf_text_config, "n_group", None)
     if placement == "round_robin" and not (groups is not None and groups > 1):
         placement = "linear"
-    return dict(ep_rank=tp_rank, ep_size=tp_size, expert_placement=placement)
+    return dict(ep_rank=moe_rank, ep_size=moe_size, expert_placement=placement)
 
 
 def platform_from_vllm() -> Platform:
-    """Device, tensor-parallel rank/size/collectives from vLLM's own groups, and vLLM's expert-parallel layout
-    (expert_parallel_layout)."""
+    """Device, tensor-parallel rank/size/collectives from vLLM's own groups, its data parallelism
+    (data_parallel.data_parallel_fields) and its expert-parallel layout (expert_parallel_layout)."""
     from vllm.config import get_current_vllm_config_or_none
     from vllm.distributed.parallel_state import (
         get_tensor_model_parallel_rank,
@@ -106,6 +105,9 @@ def platform_from_vllm() -> Platform:
     else:
         device = torch.device(current_platform.device_type, torch.accelerator.current_device_index())
     tp_rank, tp_size = get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
+    vllm_config = get_current_vllm_config_or_none()
+    dp = data_parallel_fields(vllm_config)
+    dp_rank, dp_size = dp.get("dp_rank", 0), dp.get("dp_size", 1)
     return Platform(
         host="vllm",
         device=device,
@@ -113,5 +115,6 @@ def platform_from_vllm() -> Platform:
         tp_size=tp_size,
         all_reduce=_all_reduce,
         all_gather=_all_gather,
-        **expert_parallel_layout(get_current_vllm_config_or_none(), tp_rank, tp_size),
+        **dp,
+        **expert_parallel_layout(vllm_config, dp_rank * tp_size + tp_rank, dp_size * tp_size),
     )

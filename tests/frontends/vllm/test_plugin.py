@@ -173,8 +173,9 @@ def test_on_a_gpu_an_architecture_without_gpu_kernels_stays_on_vllms_own(monkeyp
 
 
 def test_expert_parallel_layout_from_a_real_vllm_config(checkpoint_factory):
-    """--enable-expert-parallel as vLLM's own FusedMoE lays experts out: ep = tp (whole experts per rank), the
-    configured placement (round_robin only with expert groups, else linear); DP or PCP > 1 and EPLB refused."""
+    """--enable-expert-parallel as vLLM's own FusedMoE lays experts out: ep = the MoE group (dp x tp ranks, whole
+    experts per rank), the configured placement (round_robin only with expert groups, else linear); PCP > 1 and EPLB
+    refused."""
     from vllm.engine.arg_utils import EngineArgs
 
     from atom_core.platform import Platform
@@ -188,11 +189,15 @@ def test_expert_parallel_layout_from_a_real_vllm_config(checkpoint_factory):
     layout = expert_parallel_layout(cfg, 1, 2)
     assert layout == dict(ep_rank=1, ep_size=2, expert_placement="round_robin")
     assert Platform("vllm", torch.device("cpu"), 1, 2, **layout).local_experts(8) == [1, 3, 5, 7]
-    cfg.parallel_config.data_parallel_size = 2
-    with pytest.raises(ValueError, match="data_parallel_size=2: .*token dispatch.* data_parallel_size=1 .*"
-                                         "ATOM_DISABLE_VLLM_PLUGIN=1"):
+    # DP 2 x TP 2: the second DP rank's second TP rank is MoE rank 3 of 4
+    layout = expert_parallel_layout(cfg, 3, 4)
+    assert layout == dict(ep_rank=3, ep_size=4, expert_placement="round_robin")
+    platform = Platform("vllm", torch.device("cpu"), 1, 2, dp_rank=1, dp_size=2, **layout)
+    assert platform.local_experts(8) == [3, 7] and platform.moe_tp_size == 1
+    cfg.parallel_config.prefill_context_parallel_size = 2
+    with pytest.raises(ValueError, match="prefill_context_parallel_size=2: .*ATOM_DISABLE_VLLM_PLUGIN=1"):
         expert_parallel_layout(cfg, 1, 2)
-    cfg.parallel_config.data_parallel_size = 1
+    cfg.parallel_config.prefill_context_parallel_size = 1
     cfg.parallel_config.enable_eplb = True
     with pytest.raises(ValueError, match="enable_eplb"):
         expert_parallel_layout(cfg, 1, 2)
