@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -97,19 +98,61 @@ def until_eos(outputs: list[list[int]], eos: int = 2) -> list[list[int]]:
     return [o[:o.index(eos) + 1] if eos in o else o for o in outputs]
 
 
-def run_vllm(jobs: list[dict], tmp_path: Path, timeout: int = 900, **env: str) -> tuple[list[dict], str]:
-    """Run `jobs` in a fresh `python -m tests.frontends.vllm.vllm_runner` process; (results, its log)."""
+def _runner(jobs: list[dict], tmp_path: Path, env: dict[str, str]) -> tuple[list[str], dict[str, str], Path]:
+    """(command, environment, results file) of a `python -m tests.frontends.vllm.vllm_runner` process."""
     jobs_file, out_file = tmp_path / "jobs.json", tmp_path / "results.json"
     jobs_file.write_text(json.dumps(jobs))
     # The repo first, then the caller's PYTHONPATH (on the GPU machine vLLM itself lives there: /tmp/site).
     pythonpath = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
-    full_env = {**os.environ, "PYTHONPATH": pythonpath, **env}
-    proc = subprocess.run([sys.executable, "-m", "tests.frontends.vllm.vllm_runner", str(jobs_file), str(out_file)],
-                          cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
+    cmd = [sys.executable, "-m", "tests.frontends.vllm.vllm_runner", str(jobs_file), str(out_file)]
+    return cmd, {**os.environ, "PYTHONPATH": pythonpath, **env}, out_file
+
+
+def run_vllm(jobs: list[dict], tmp_path: Path, timeout: int = 900, **env: str) -> tuple[list[dict], str]:
+    """Run `jobs` in a fresh `python -m tests.frontends.vllm.vllm_runner` process; (results, its log)."""
+    cmd, full_env, out_file = _runner(jobs, tmp_path, env)
+    proc = subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
     log = proc.stdout + proc.stderr
     if proc.returncode != 0:
         raise AssertionError(f"vLLM subprocess failed (exit {proc.returncode}); last output:\n{log[-6000:]}")
     return json.loads(out_file.read_text()), log
+
+
+def run_vllm_data_parallel(rank_jobs: list[list[dict]], tmp_path: Path, timeout: int = 900,
+                           **env: str) -> list[list[dict]]:
+    """vLLM's offline data parallelism: one runner process per DP rank (rank_jobs[r] its jobs), started together
+    with vLLM's VLLM_DP_* variables (a free master port), one CPU each on a CPU host; each rank's results."""
+    size, cpus = len(rank_jobs), sorted(os.sched_getaffinity(0))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    procs = []
+    for rank, jobs in enumerate(rank_jobs):
+        rank_dir = tmp_path / f"dp{rank}"
+        rank_dir.mkdir()
+        dp_env = dict(VLLM_DP_RANK=str(rank), VLLM_DP_RANK_LOCAL=str(rank), VLLM_DP_SIZE=str(size),
+                      VLLM_DP_MASTER_IP="127.0.0.1", VLLM_DP_MASTER_PORT=str(port),
+                      # the ranks' OpenMP threads on separate CPUs (vLLM picks its rank's entry)
+                      VLLM_CPU_OMP_THREADS_BIND="|".join(str(cpus[r % len(cpus)]) for r in range(size)), **env)
+        cmd, full_env, out_file = _runner(jobs, rank_dir, dp_env)
+        log = open(rank_dir / "log.txt", "w")  # noqa: SIM115 - closed below, after the process
+        procs.append((subprocess.Popen(cmd, cwd=REPO, env=full_env, stdout=log, stderr=subprocess.STDOUT), log,
+                      out_file))
+    results, failures = [], []
+    for rank, (proc, log, out_file) in enumerate(procs):
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+        if proc.returncode != 0:
+            failures.append(f"DP rank {rank} failed (exit {proc.returncode}); last output:\n"
+                            f"{(tmp_path / f'dp{rank}' / 'log.txt').read_text()[-4000:]}")
+        else:
+            results.append(json.loads(out_file.read_text()))
+    if failures:
+        raise AssertionError("\n".join(failures))
+    return results
 
 
 def parity_jobs(vllm_checkpoint, prompts, **engine_extra) -> list[dict]:

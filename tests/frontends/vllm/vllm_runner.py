@@ -41,6 +41,9 @@ def inspect_worker(model) -> dict:
         # per MoE layer of ours: [experts held, gate_up rows (2 * intermediate per rank), their global ids]
         "experts": [[m.gate_up_proj.shape[0], m.gate_up_proj.shape[1], m.local_experts] for m in model.modules()
                     if hasattr(m, "local_experts")],
+        # (rank, size) of vLLM's data parallelism our MoE layers saw (their Platform's)
+        "dp": next(([m.platform.dp_rank, m.platform.dp_size] for m in model.modules() if hasattr(m, "local_experts")),
+                   None),
         "atom_host": host,
         # vLLM's torch.compile wrapper around atom-core's decoder (None: not an atom-core model)
         "decoder_compiled": (not model.decoder.do_not_compile) if hasattr(model, "core") else None,
