@@ -62,7 +62,7 @@ def test_experts_are_split_over_the_data_parallel_ranks(runs, name):
     path, results = runs[name]
     _, ep = CASES[name]
     config = json.loads((path / "config.json").read_text())
-    experts = config.get("num_experts") or config["n_routed_experts"]
+    experts = next(config[k] for k in ("num_experts", "num_local_experts", "n_routed_experts") if k in config)
     inter = config["moe_intermediate_size"]
     for rank, (result,) in enumerate(results):
         layers = result["workers"][0]["experts"]
