@@ -16,14 +16,6 @@ def _gather_single(t: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return t
 
 
-def _no_dispatch(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    return tensors
-
-
-def _no_combine(out: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
-    return out
-
-
 EXPERT_PLACEMENTS = ("linear", "round_robin")
 
 
@@ -37,9 +29,9 @@ class Platform:
     Data parallelism (vLLM's --data-parallel-size; default none): dp_size engine ranks each run their own requests
     through the whole model (attention and dense layers tensor-parallel inside the rank's own TP group) except the
     MoE experts, which are split over the MoE group of all dp_size x tp_size ranks, moe_rank = dp_rank * tp_size +
-    tp_rank. Around the experts `dispatch(hidden, topk_weights, topk_ids)` gives the same tensors over the tokens of
-    every DP rank (each rank's rows padded to the most any rank has), and `combine(out, local_hidden)` sums the
-    experts' partial output over the DP ranks and returns this rank's rows ([T_local, H]).
+    tp_rank. `data_parallel_experts(experts, hidden, topk_weights, topk_ids)` (required with dp_size > 1) runs
+    `experts.local_forward` (the experts this rank holds) over the tokens of every DP rank and returns this rank's
+    rows [T_local, H] summed over the DP ranks.
 
     Expert parallelism (the host's layout; default none): the MoE layers' experts are split over ep_size ranks of
     the MoE group, each rank holding whole experts (its `local_experts`) and, when ep_size is less than the group,
@@ -60,14 +52,16 @@ class Platform:
     expert_placement: str = "linear"
     dp_rank: int = 0
     dp_size: int = 1
-    dispatch: Callable[..., tuple[torch.Tensor, ...]] = _no_dispatch
-    combine: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = _no_combine
+    data_parallel_experts: Callable[..., torch.Tensor] | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.tp_rank < self.tp_size:
             raise ValueError(f"tp_rank={self.tp_rank} is outside [0, tp_size={self.tp_size})")
         if not 0 <= self.dp_rank < self.dp_size:
             raise ValueError(f"dp_rank={self.dp_rank} is outside [0, dp_size={self.dp_size})")
+        if self.dp_size > 1 and self.data_parallel_experts is None:
+            raise ValueError(f"dp_size={self.dp_size} needs the host's data_parallel_experts (the token exchange "
+                             "between data-parallel ranks around the MoE experts)")
         if not 0 <= self.ep_rank < self.ep_size:
             raise ValueError(f"ep_rank={self.ep_rank} is outside [0, ep_size={self.ep_size})")
         if self.moe_size % self.ep_size:

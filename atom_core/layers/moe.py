@@ -132,22 +132,22 @@ class FusedExperts(nn.Module):
 
     def forward(self, hidden: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         """hidden [T, H], topk_weights / topk_ids [T, K] (global expert ids) → [T, H], summed over the MoE group.
-        With data parallelism the experts run on every DP rank's tokens (the Platform's dispatch; padding rows
-        have routing weight 0) and `combine` hands back this rank's rows summed over the DP ranks."""
-        local = hidden
+        With data parallelism the host runs local_forward over every DP rank's tokens and sums over the DP ranks
+        (Platform.data_parallel_experts)."""
         if self.platform.dp_size > 1:
-            hidden, topk_weights, topk_ids = self.platform.dispatch(hidden, topk_weights, topk_ids)
+            out = self.platform.data_parallel_experts(self, hidden, topk_weights, topk_ids)
+        else:
+            out = self.local_forward(hidden, topk_weights, topk_ids)
+        return self.platform.all_reduce(out) if self.platform.tp_size > 1 else out
+
+    def local_forward(self, hidden: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+        """The experts this rank holds over these tokens: [T, H], before any sum over ranks."""
         if len(self.local_experts) < self.num_experts:
             topk_ids = self.expert_map[topk_ids]  # local ids; -1: another rank's expert, which the op skips
         if self.scheme is None:
-            out = atom_kernels.fused_moe(hidden, self.gate_up_proj, self.down_proj, topk_weights, topk_ids)
-        else:
-            out = atom_kernels.fp8_fused_moe(hidden, self.gate_up_proj, self.down_proj, self.gate_up_proj_scale,
-                                             self.down_proj_scale, topk_weights, topk_ids, self.block_k,
-                                             self.act_group)
-        if self.platform.dp_size > 1:
-            out = self.platform.combine(out, local)
-        return self.platform.all_reduce(out) if self.platform.tp_size > 1 else out
+            return atom_kernels.fused_moe(hidden, self.gate_up_proj, self.down_proj, topk_weights, topk_ids)
+        return atom_kernels.fp8_fused_moe(hidden, self.gate_up_proj, self.down_proj, self.gate_up_proj_scale,
+                                          self.down_proj_scale, topk_weights, topk_ids, self.block_k, self.act_group)
 
 
 class Router(nn.Module):

@@ -21,6 +21,7 @@ from vllm.config import VllmConfig
 
 from atom_core.layers.kernel_warmup import warm_up
 from atom_core.loader import build_model, prepare_weights
+from atom_frontends.vllm.data_parallel import register_experts
 from atom_kernels import envs
 
 logger = logging.getLogger("vllm.atom_core")
@@ -77,6 +78,7 @@ class AtomForCausalLM(nn.Module):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
         self.core, atom_config, _ = build_model(vllm_config, prefix=prefix)  # refuses pipeline parallelism
+        register_experts(vllm_config, self.core, f"{prefix}atom_experts.")  # with data parallelism only
         # The same decoder module, registered second: parameter names stay "core.…" (named_parameters
         # lists a shared parameter once, under its first path), so checkpoint names map as in the core.
         self.decoder = AtomDecoder(vllm_config=vllm_config, prefix=prefix, decoder=self.core.model)

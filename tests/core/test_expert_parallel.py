@@ -76,8 +76,10 @@ def test_expert_parallel_rank_skips_other_experts_and_names_bad_ids():
     (dict(ep_rank=2, ep_size=2), r"ep_rank=2 is outside \[0, ep_size=2\)"),
     (dict(tp_size=2, ep_size=4, ep_rank=0), "ep_size=4 must divide the MoE group's dp_size x tp_size = 2"),
     (dict(tp_rank=1, tp_size=2, ep_size=2, ep_rank=0), "ep_rank=0 does not match moe_rank=1"),
-    (dict(tp_size=2, dp_rank=1, dp_size=2, ep_size=4, ep_rank=0), "ep_rank=0 does not match moe_rank=2"),
+    (dict(tp_size=2, dp_rank=1, dp_size=2, ep_size=4, ep_rank=0, data_parallel_experts=FusedExperts.local_forward),
+     "ep_rank=0 does not match moe_rank=2"),
     (dict(dp_rank=2, dp_size=2), r"dp_rank=2 is outside \[0, dp_size=2\)"),
+    (dict(dp_rank=1, dp_size=2), "dp_size=2 needs the host's data_parallel_experts"),
     (dict(tp_size=2, ep_size=2, expert_placement="random"), "expert_placement='random'"),
 ])
 def test_bad_expert_parallel_layouts_are_named(fields, match):

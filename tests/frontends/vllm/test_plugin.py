@@ -192,7 +192,7 @@ def test_expert_parallel_layout_from_a_real_vllm_config(checkpoint_factory):
     # DP 2 x TP 2: the second DP rank's second TP rank is MoE rank 3 of 4
     layout = expert_parallel_layout(cfg, 3, 4)
     assert layout == dict(ep_rank=3, ep_size=4, expert_placement="round_robin")
-    platform = Platform("vllm", torch.device("cpu"), 1, 2, dp_rank=1, dp_size=2, **layout)
+    platform = Platform("vllm", torch.device("cpu"), 1, 2, dp_rank=1, dp_size=2, data_parallel_experts=max, **layout)
     assert platform.local_experts(8) == [3, 7] and platform.moe_tp_size == 1
     cfg.parallel_config.prefill_context_parallel_size = 2
     with pytest.raises(ValueError, match="prefill_context_parallel_size=2: .*ATOM_DISABLE_VLLM_PLUGIN=1"):
