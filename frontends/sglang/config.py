@@ -127,12 +127,12 @@ def expert_parallel_layout(server_args: Any, parallel: Any) -> dict[str, Any]:
     """The Platform's expert-parallel fields from SGLang's MoE layout (--ep-size): ep_rank/ep_size are its
     moe_ep_rank/moe_ep_size (the rest of the TP group, moe_tp_size = tp_size // ep_size, splits each expert's
     intermediate dim), placement "linear" as SGLang's FusedMoE stores experts (rank r: [r * E/ep, (r+1) * E/ep)).
-    What needs token dispatch between ranks is refused: DP attention / MoE-DP, all-to-all backends, EPLB."""
+    What needs token dispatch between ranks is refused: MoE-DP, all-to-all backends, EPLB (DP attention:
+    sglang_platform)."""
     if parallel.moe_ep_size == 1:
         return {}
     sa = server_args
     refused = [name for name, on in (
-        ("DP attention (attn_dp_size > 1)", parallel.attn_dp_size > 1),
         (f"moe_dp_size={parallel.moe_dp_size}", parallel.moe_dp_size > 1),
         (f"moe_a2a_backend={sa.moe_a2a_backend!r}", sa.moe_a2a_backend != "none"),
         ("EPLB / redundant experts", sa.enable_eplb or sa.ep_num_redundant_experts > 0)) if on]
@@ -145,8 +145,15 @@ def expert_parallel_layout(server_args: Any, parallel: Any) -> dict[str, Any]:
 
 def sglang_platform() -> Platform:
     """Device from ServerArgs; tensor parallelism through SGLang's own TP group; SGLang's expert-parallel layout
-    (expert_parallel_layout)."""
+    (expert_parallel_layout). DP attention is refused: its attention-TP groups are smaller than the TP group our
+    layers would split over."""
     server_args, parallel = _runtime()
+    if parallel.attn_dp_size > 1:
+        raise ValueError(f"SGLang's DP attention (--enable-dp-attention, attention data-parallel size "
+                         f"{parallel.attn_dp_size}) is not supported by atom-core's SGLang frontend: its layers would "
+                         "be split over the whole tensor-parallel group instead of SGLang's attention-TP groups. Run "
+                         "without --enable-dp-attention (atom-core's MoE models run data-parallel under vLLM's "
+                         f"--data-parallel-size){_FALLBACK}")
     tp_rank, tp_size = parallel.tp_rank, parallel.tp_size
     kwargs: dict[str, Any] = {}
     if tp_size > 1:

@@ -128,10 +128,29 @@ def test_hooks_as_the_core_asks_them():
 # (init_model_parallel_group turns pynccl on for every in-tree platform but NPU/XPU; nvidia-nccl comes with sglang)
 # and torch.cuda.device(cpu) raises "Expected a cuda device, but got: cpu" in each scheduler process. So --ep-size is
 # checked from real ServerArgs and SGLang's own rank derivation (runtime_context), not in an engine.
+@pytest.mark.parametrize("ep_size", [1, 2])
+def test_dp_attention_is_refused_with_and_without_expert_parallelism(sglang_checkpoint, ep_size):
+    """SGLang's DP attention splits attention over attention-TP groups smaller than the TP group; atom-core's layers
+    would split over the whole TP group: refused by name, whatever the MoE layout."""
+    from sglang.srt import runtime_context as rc
+    from sglang.srt.server_args import ServerArgs
+
+    from atom_core.plugins import current_platform
+    from atom_frontends.sglang.hooks import SGLANG
+
+    args = ServerArgs(model_path=str(sglang_checkpoint("qwen3")), device="cpu", dtype="float32",
+                      attention_backend="atom", disable_cuda_graph=True, skip_tokenizer_init=True, tp_size=2,
+                      ep_size=ep_size)
+    with rc.use_context(rc.create_context(args, role="test", ranks=rc.SpawnRanks(world_rank=1))), SGLANG.scope():
+        with rc.get_parallel().override(attn_dp_size=2, attn_dp_rank=1, attn_tp_size=1, attn_tp_rank=0), \
+                pytest.raises(ValueError, match="DP attention.*--enable-dp-attention.*--data-parallel-size"):
+            current_platform("sglang")
+
+
 def test_expert_parallel_layout_from_real_server_args(sglang_checkpoint):
     """--tp-size 4 --ep-size 2: SGLang's moe_ep_rank / moe_tp_rank per rank become ours, experts split as SGLang's
     FusedMoE stores them (contiguous E / ep), each expert's intermediate dim over the moe_tp_size = 2 ranks; what
-    needs token dispatch (DP attention, all-to-all backends) and EPLB are refused."""
+    needs token dispatch (all-to-all backends) and EPLB are refused."""
     from sglang.srt import runtime_context as rc
     from sglang.srt.server_args import ServerArgs
 
@@ -152,8 +171,6 @@ def test_expert_parallel_layout_from_real_server_args(sglang_checkpoint):
     assert layouts == [(0, 0, 2, 0, 2, low), (1, 0, 2, 1, 2, low), (2, 1, 2, 0, 2, high), (3, 1, 2, 1, 2, high)]
     with rc.use_context(rc.create_context(args, role="test", ranks=rc.SpawnRanks(world_rank=1))):
         parallel = rc.get_parallel()
-        with parallel.override(attn_dp_size=2, attn_tp_size=2), pytest.raises(ValueError, match="with DP attention"):
-            expert_parallel_layout(args, parallel)
         # (set on copies: ServerArgs built with them would also change SGLang's process-wide settings)
         for field, value, match in [("moe_a2a_backend", "deepep", "moe_a2a_backend='deepep'"),
                                     ("enable_eplb", True, "EPLB"), ("ep_num_redundant_experts", 2, "EPLB")]:
