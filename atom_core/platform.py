@@ -36,9 +36,10 @@ class Platform:
     Expert parallelism (the host's layout; default none): the MoE layers' experts are split over ep_size ranks of
     the MoE group, each rank holding whole experts (its `local_experts`) and, when ep_size is less than the group,
     a 1/moe_tp_size slice of their intermediate dim. Ranks are laid out as vLLM and SGLang lay them out:
-    moe_rank = ep_rank * moe_tp_size + moe_tp_rank. Every rank's partial MoE output is summed over the group:
-    `combine` over the DP ranks, then `all_reduce` over the tensor-parallel group. Which experts a rank holds is the
-    host's `expert_placement`: "linear" (contiguous ranges) or "round_robin" (expert e on rank e % ep_size).
+    moe_rank = ep_rank * moe_tp_size + moe_tp_rank. Every rank's partial MoE output is summed over the group: over
+    the DP ranks inside `data_parallel_experts`, then with `all_reduce` over the tensor-parallel group. Which experts
+    a rank holds is the host's `expert_placement`: "linear" (contiguous ranges) or "round_robin" (expert e on rank
+    e % ep_size).
     """
 
     host: str

@@ -164,11 +164,7 @@ def run_side(spec: dict, env: dict, timeout: float, logs: Path) -> dict:
             proc.wait(timeout=max(deadline - time.monotonic(), 0))
     except subprocess.TimeoutExpired:
         timed_out = True
-    except BaseException:  # this run stopped (SIGTERM from `timeout`, ^C): the side goes with it
-        for _, proc, _, _ in ranks:
-            end_group(proc)
-        raise
-    finally:
+    finally:  # timed out, or this run stopped (SIGTERM from `timeout`, ^C): the side's processes go with it
         for _, proc, _, _ in ranks:
             if proc.poll() is None:
                 end_group(proc)

@@ -29,18 +29,18 @@ def _dp_group():
     return get_dp_group()
 
 
-def _max_tokens(local: int) -> int:
-    """The most tokens any DP rank has in this step (vLLM's dp_metadata)."""
+def _step_context(local: int):
+    """(vLLM's forward context, the most tokens any DP rank has in this step: its dp_metadata)."""
     from vllm.forward_context import get_forward_context, is_forward_context_available
 
-    meta = get_forward_context().dp_metadata if is_forward_context_available() else None
-    if meta is None:  # gathering without the counts would hang the ranks whose counts differ
+    context = get_forward_context() if is_forward_context_available() else None
+    if context is None or context.dp_metadata is None:  # gathering without the counts would hang unequal ranks
         raise RuntimeError("atom-core's MoE under vLLM data parallelism ran outside a forward context with "
                            "dp_metadata: every DP rank's token count is needed to gather the tokens")
-    counts = meta.num_tokens_across_dp_cpu
+    counts = context.dp_metadata.num_tokens_across_dp_cpu
     if int(counts[_dp_group().rank_in_group]) != local:
         raise RuntimeError(f"this DP rank has {local} tokens, but vLLM's dp_metadata says {counts.tolist()}")
-    return int(counts.max())
+    return context, int(counts.max())
 
 
 def _gather(x: torch.Tensor, rows: int) -> torch.Tensor:
@@ -55,10 +55,8 @@ def dp_experts(hidden: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch
                layer_name: str) -> torch.Tensor:
     """hidden [T_local, H], routing [T_local, K] → [T_local, H]: the named layer's experts over every DP rank's
     tokens, summed over the DP ranks."""
-    from vllm.forward_context import get_forward_context
-
-    experts = get_forward_context().no_compile_layers[layer_name]
-    rows = _max_tokens(hidden.shape[0])
+    context, rows = _step_context(hidden.shape[0])
+    experts = context.no_compile_layers[layer_name]
     out = experts.local_forward(*(_gather(x, rows) for x in (hidden, topk_weights, topk_ids)))
     return _dp_group().reduce_scatter(out.contiguous(), 0)[:hidden.shape[0]].contiguous()
 
