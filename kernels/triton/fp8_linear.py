@@ -1,35 +1,39 @@
 """fp8_linear for the fp8 block format (weight scales per 128 columns, activations per token and group of the same
-128 columns): a block-scaled GEMM over e4m3 operands.
+128 columns): a block-scaled GEMM over e4m3 operands, by M: up to GEMV_MAX_M (32) rows the weight-streaming GEMV of
+fp8_gemv.py (split-K, CUDA-core or swapped tensor-core products), above it the tile kernel here.
 
 Because both scales are constant over one K block, each block's partial product factors: y[m, n] = sum_b xs[m, b] *
 ws[n, b] * sum_{k in b} xq[m, k] * wq[n, k]. A program owns a BLOCK_M x BLOCK_N tile of y, walks K one scale block
 at a time (BLOCK_K = block_k), takes the block's dot product of the e4m3 tiles (fp8 tensor cores on sm_89+; elsewhere
 and for blocks under 32 columns, of the tiles converted to float16, exact: every e4m3 value is a float16), with float32
-accumulation, and adds it times the outer product of the two scale vectors. The activation is quantized first by
-fp8_quantize_rows (bit-equal to the reference's fp8_quantize).
+accumulation, and adds it times the outer product of the two scale vectors; the bias is added in float32 and the tile
+stored once in the model dtype (as the reference rounds). Tiles by M bucket: GEMM_TILES. The activation is quantized
+first by fp8_quantize_rows (bit-equal to the reference's fp8_quantize).
 
 Everything else (per-channel / per-tensor weights, another activation group, a static input_scale, no activation
 quantization) runs the torch reference. A compiler tracing the model never enters here: atom_kernels.fp8_linear is a
-torch library op, opaque to it. Tested against it under Triton's CPU
-interpreter only (tests/kernels/test_triton_fp8_linear_interpreter.py): no GPU has compiled or timed it yet.
+torch library op, opaque to it. Tested against it under Triton's CPU interpreter
+(tests/kernels/test_triton_fp8_linear_interpreter.py) and, marked gpu, at DeepSeek-V3 / Qwen3-30B-A3B shapes.
 """
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
 from atom_kernels.reference import fp8 as reference
 from atom_kernels.triton._utils import check, pdl, pdl_prologue
+from atom_kernels.triton.fp8_gemv import GEMV_MAX_M, fp8_gemv
 from atom_kernels.triton.fp8_quant import fp8_quantize_rows, has_fp8_dot
 
 
 @triton.jit
-def _block_scaled_gemm(xq_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, M, N, K, KB, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP8_DOT: tl.constexpr, PDL: tl.constexpr):
+def _block_scaled_gemm(xq_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, KB, BLOCK_M: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP8_DOT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                       PDL: tl.constexpr):
     pdl_prologue(PDL)
-    # grid (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N)); xq [M, K], w [N, K] e4m3 (K-contiguous); xs [M, KB], ws [N, KB] fp32
+    # grid (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N)); xq [M, K], w [N, K] e4m3 (K-contiguous); xs [M, KB], ws [N, KB] fp32;
+    # b [N] (HAS_BIAS); y [M, N] in the model dtype, rounded once after the float32 bias add as the reference does
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -46,7 +50,27 @@ def _block_scaled_gemm(xq_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, M, N, K, KB, BLOCK_
         xs = tl.load(xs_ptr + rm * KB + b, mask=rm < M, other=0.0)
         ws = tl.load(ws_ptr + rn * KB + b, mask=rn < N, other=0.0)
         acc += part * xs[:, None] * ws[None, :]
-    tl.store(y_ptr + rm[:, None] * N + rn[None, :], acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+    tl.store(y_ptr + rm[:, None] * N + rn[None, :], acc.to(y_ptr.dtype.element_ty),
+             mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) by M bucket, first match (M <= GEMV_MAX_M takes fp8_gemv.py). BLOCK_K is
+# the scale block (128), so a stage is (BLOCK_M + BLOCK_N) * 128 bytes of e4m3: 16 KB at 64 x 64, 32 KB at 128 x 128
+# (3 stages: 96 KB of an H200 SM's 228 KB). Hopper's wgmma takes 64 rows per warpgroup: BLOCK_M 64 with 4 warps,
+# 128 with 8. Small M wants narrow N tiles so the grid still covers 132 SMs (M = 256, N = 2048: 4 x 32 programs at
+# BLOCK_N 64); large M wants 128 x 128 for reuse (each e4m3 byte loaded feeds 128 MMAs' worth of columns). Untuned
+# starting points (vLLM's tuned block-FP8 configs for H100/H200 sit in the same range); benchmarks/fp8_gemm.py times.
+GEMM_TILES = ((64, (64, 64, 4, 4)), (256, (64, 128, 4, 3)), (None, (128, 128, 8, 3)))
+
+
+def gemm_tiles(m: int, n: int) -> tuple[int, int, int, int]:
+    """GEMM_TILES' entry for m rows, BLOCK_N halved (to >= 64) while the grid has fewer programs than an H200 SMs."""
+    block_m, block_n, warps, stages = next(tiles for top, tiles in GEMM_TILES if top is None or m <= top)
+    while block_n > 64 and triton.cdiv(m, block_m) * triton.cdiv(n, block_n) < 132:
+        block_n //= 2
+    return block_m, block_n, warps, stages
 
 
 def _runs_here(x, weight, weight_scale, block_k, act_group, input_scale) -> bool:
@@ -62,13 +86,26 @@ def fp8_linear(x, weight, weight_scale, block_k, act_group, input_scale=None, bi
     kb = -(-k // block_k)
     check(tuple(weight_scale.shape) == (n, kb), f"fp8_linear: weight_scale must be [{n}, {kb}], got "
                                                 f"{tuple(weight_scale.shape)}")
-    xq, xs = fp8_quantize_rows(x.reshape(-1, k).contiguous(), act_group)
-    m = xq.shape[0]
-    y = torch.empty(m, n, dtype=torch.float32, device=x.device)
-    block_m, block_n = 16, 64
+    x2, bias = x.reshape(-1, k).contiguous(), None if bias is None else bias.contiguous()
+    m = x2.shape[0]
+    if m == 0 or n == 0:
+        return reference.fp8_linear(x, weight, weight_scale, block_k, act_group, input_scale, bias)
+    if m <= GEMV_MAX_M:
+        y = fp8_gemv(x2, weight, weight_scale, block_k, bias)
+    else:
+        y = _gemm(x2, weight, weight_scale, block_k, bias)
+    return y.reshape(*x.shape[:-1], n)
+
+
+def _gemm(x, weight, weight_scale, block_k, bias, tiles=None):
+    """x [M, K] contiguous → [M, N] in x's dtype through the tile kernel; tiles: gemm_tiles' answer by default."""
+    (m, k), n = x.shape, weight.shape[0]
+    xq, xs = fp8_quantize_rows(x, block_k)
+    y = x.new_empty((m, n))
+    block_m, block_n, warps, stages = tiles or gemm_tiles(m, n)
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
-    _block_scaled_gemm[grid](xq, xs, weight, weight_scale, y, m, n, k, kb, BLOCK_M=block_m, BLOCK_N=block_n,
-                             BLOCK_K=block_k, FP8_DOT=block_k >= 32 and has_fp8_dot(x.device), **pdl(x.device))
-    if bias is not None:
-        y += bias.float()
-    return y.to(x.dtype).reshape(*x.shape[:-1], n)
+    _block_scaled_gemm[grid](xq, xs, weight, weight_scale, weight if bias is None else bias, y, m, n, k, xs.shape[1],
+                             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+                             FP8_DOT=block_k >= 32 and has_fp8_dot(x.device), HAS_BIAS=bias is not None,
+                             num_warps=warps, num_stages=stages, **pdl(x.device))
+    return y

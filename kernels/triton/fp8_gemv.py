@@ -1,0 +1,153 @@
+"""fp8_linear at small M (decode, M <= GEMV_MAX_M rows): the fp8 block format's GEMM as a weight-streaming GEMV.
+
+Contract as atom_kernels.reference.fp8.fp8_linear with block_k == act_group (the caller, fp8_linear.py, checks):
+x [M, K], weight [N, K] e4m3, weight_scale [N, KB] float32 (KB = ceil(K / block_k); the scale of row n over columns
+[b * block_k, (b + 1) * block_k): a checkpoint's 128x128 block scale repeated over its block's rows), activation
+quantized per token and block_k columns exactly as fp8_quantize_rows (bit-equal to the reference's fp8_quantize).
+
+At M <= 32 the layer is a weight read: N * K bytes against 2 * M * N * K flops. On an H200 (~4.3 TB/s copy,
+132 SMs) the goal is >= 0.7 of copy bandwidth, ~3 TB/s of weight. Hence:
+  - one program owns BLOCK_N weight rows for ALL M rows and a range of K blocks, so the weight is read once;
+  - split-K (grid axis 1) when N / BLOCK_N alone gives too few programs to keep ~2 per SM busy pulling bytes
+    (N = 2048 / 32 = 64 programs would leave half the SMs idle);
+  - the per-block product is CUDA-core fp32 FMAs for M <= FMA_MAX_M, tensor cores above. The FMA version costs
+    ~M FMAs + ~2 ops (e4m3 -> fp32 convert, scale) per weight byte: at 3 TB/s that is (M + 2) * 3e12 ops/s against
+    ~33e12 fp32 lane-ops/s on an H200 (132 SMs x 128 lanes x 1.98 GHz), so M = 4 uses ~55% of the issue rate and
+    M = 8 would be over it. Above, tl.dot with the weight tile as the MMA's M side ([BLOCK_N = 64, 128] e4m3,
+    wgmma-sized) and the tokens, padded to 16 or 32, as its N side ("swap AB"): the padding costs tensor-core
+    flops, which are ~30x the need at M = 32, not bytes.
+Each K block b adds (sum_k wq[n, k] * xq[m, k]) * ws[n, b] * xs[m, b] to a float32 accumulator, the factored form
+of the reference's sum over dequantized operands (same products, another summation order).
+
+Activation quantization: in the kernel (QUANT) for M <= FUSE_QUANT_MAX_M, saving a launch that costs more than the
+whole GEMV on small layers; every program redoes its K range's quantization (~25 ops per element, IEEE division),
+~M * 25 / BLOCK_N ops per weight byte, so larger M quantize once first (fp8_quantize_rows).
+
+Split-K reduction: float32 atomic adds into a zeroed [M, N] buffer, then one cast. Chosen over a second pass over
+[SPLIT, M, N] partials: no workspace, the buffer is M * N * 4 bytes (L2-resident), one zeroing launch instead of a
+reduction kernel. The cost: the order of the <= SPLIT float32 adds varies run to run (differences ~1 ulp of
+float32, below the output's bf16 rounding except at rounding ties). The first split adds the bias.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from atom_kernels.triton._utils import pdl, pdl_prologue, pow2
+from atom_kernels.triton.fp8_quant import fp8_quantize_rows, group_scale, has_fp8_dot, quantize_values
+
+GEMV_MAX_M = 32  # M above: the tile GEMM (fp8_linear.py); 32 tokens fill the swapped MMA's N side
+FMA_MAX_M = 4  # CUDA-core product up to here (see the module doc: M + 2 ops per weight byte)
+FUSE_QUANT_MAX_M = 8  # quantize the activation in the kernel up to here
+MIN_BLOCKS_PER_SPLIT = 2  # K blocks per split at least: fewer makes the atomics' traffic comparable to the weight's
+
+
+@triton.jit
+def _act_block(x_ptr, xs_ptr, rm, kk, b, M, K, KB, QUANT: tl.constexpr):
+    """Activation rows rm x columns kk (one group, K block b) → (q [BLOCK_M, BLOCK_K]: the e4m3 values, as fp32 when
+    QUANT else e4m3; scale [BLOCK_M] fp32). QUANT: x is the raw activation, quantized here as fp8_quantize_rows does
+    (masked columns are 0, so the amax is the group's); else x is already e4m3 with its scales xs [M, KB]."""
+    x = tl.load(x_ptr + rm[:, None] * K + kk[None, :], mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
+    if QUANT:
+        x = x.to(tl.float32)
+        scale = group_scale(tl.max(tl.abs(x), axis=1))
+        q = quantize_values(x, scale[:, None])
+    else:
+        q = x
+        scale = tl.load(xs_ptr + rm * KB + b, mask=rm < M, other=0.0)
+    return q, scale
+
+
+@triton.jit
+def _block_product(w, q, DOT: tl.constexpr, FP8_DOT: tl.constexpr):
+    """w [BLOCK_N, BLOCK_K] e4m3, q [BLOCK_M, BLOCK_K] e4m3 values → [BLOCK_N, BLOCK_M] fp32: sum over the block of
+    w[n, k] * q[m, k]. DOT: tensor cores (e4m3 operands on sm_89+, else float16, exact for e4m3 values)."""
+    if DOT:
+        if FP8_DOT:
+            part = tl.dot(w, tl.trans(q.to(w.dtype)), out_dtype=tl.float32)
+        else:
+            part = tl.dot(w.to(tl.float16), tl.trans(q.to(tl.float16)), out_dtype=tl.float32)
+    else:
+        part = tl.sum(w.to(tl.float32)[:, None, :] * q.to(tl.float32)[None, :, :], axis=2)
+    return part
+
+
+@triton.jit
+def _fp8_gemv_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, KB, BLOCKS_PER_SPLIT,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, QUANT: tl.constexpr,
+                     DOT: tl.constexpr, FP8_DOT: tl.constexpr, ATOMIC: tl.constexpr, HAS_BIAS: tl.constexpr,
+                     PDL: tl.constexpr):
+    # grid (cdiv(N, BLOCK_N), splits): y[:M, n-tile] (+)= x[:M, K range] @ w[n-tile, K range]^T, K range = K blocks
+    # [pid_k * BLOCKS_PER_SPLIT, +BLOCKS_PER_SPLIT) ∩ [0, KB). x [M, K] (QUANT: raw; else e4m3 with xs [M, KB]),
+    # w [N, K] e4m3, ws [N, KB] fp32, y [M, N] (ATOMIC: fp32, zeroed). acc is y's tile transposed: [BLOCK_N, BLOCK_M].
+    pdl_prologue(PDL)
+    pid_n, pid_k = tl.program_id(0), tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.minimum(rn, N - 1).to(tl.int64)  # the last tile re-reads row N - 1 instead of masking; stores masked
+    rm = tl.arange(0, BLOCK_M)
+    rk = tl.arange(0, BLOCK_K)
+    b0 = pid_k * BLOCKS_PER_SPLIT
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for b in range(b0, tl.minimum(b0 + BLOCKS_PER_SPLIT, KB)):
+        kk = b * BLOCK_K + rk
+        w = tl.load(w_ptr + rows[:, None] * K + kk[None, :], mask=kk[None, :] < K, other=0.0,
+                    eviction_policy="evict_first")  # read once: keep L2 for x and y
+        q, xs = _act_block(x_ptr, xs_ptr, rm, kk, b, M, K, KB, QUANT)
+        ws = tl.load(ws_ptr + rows * KB + b)
+        acc += _block_product(w, q, DOT, FP8_DOT) * ws[:, None] * xs[None, :]
+    if HAS_BIAS:
+        acc += tl.where(pid_k == 0, tl.load(b_ptr + rows).to(tl.float32), 0.0)[:, None]
+    ptrs = y_ptr + rm[None, :] * N + rn[:, None]
+    mask = (rm[None, :] < M) & (rn[:, None] < N)
+    if ATOMIC:
+        tl.atomic_add(ptrs, acc, mask=mask, sem="relaxed")  # the kernel's end orders them before the cast
+    else:
+        tl.store(ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@functools.cache
+def _sm_count(device_type: str, index: int | None) -> int:
+    if device_type != "cuda":
+        return 8  # Triton's CPU interpreter: a few programs, so that its checks reach split-K with small shapes
+    index = torch.cuda.current_device() if index is None else index
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def gemv_config(m: int, n: int, kb: int, sms: int) -> dict:
+    """Launch parameters for M = m rows (1 <= m <= GEMV_MAX_M) of an [n, kb blocks] weight on `sms` SMs.
+    FMA (m <= 4): BLOCK_N 32 rows x 128 columns = 4 KB of e4m3 per load, a [32, BLOCK_M, 128] fp32 product over 4
+    warps (<= 128 values a thread). DOT: BLOCK_N 64 (one warpgroup's wgmma M), tokens padded to >= 16 (tl.dot's
+    minimum); 4 stages of 8 KB weight tiles in flight per program (Triton pipelines a dot's operand loads)."""
+    dot = m > FMA_MAX_M
+    block_n = 64 if dot else 32
+    n_tiles = triton.cdiv(n, block_n)
+    split = max(1, min(triton.cdiv(2 * sms, n_tiles), kb // MIN_BLOCKS_PER_SPLIT))  # ~2 programs per SM
+    per = triton.cdiv(kb, split)
+    return dict(BLOCK_M=max(16, pow2(m)) if dot else pow2(m), BLOCK_N=block_n, DOT=dot, QUANT=m <= FUSE_QUANT_MAX_M,
+                splits=triton.cdiv(kb, per), per=per, num_warps=4, num_stages=4 if dot else 1)
+
+
+def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, block_k: int,
+             bias: torch.Tensor | None, **override) -> torch.Tensor:
+    """x [M, K] (contiguous, 1 <= M <= GEMV_MAX_M), weight [N, K] e4m3 and weight_scale [N, KB] contiguous, bias [N]
+    or None → y [M, N] in x's dtype. `override` replaces gemv_config's entries (tests: splits/per, DOT, QUANT)."""
+    (m, k), n = x.shape, weight.shape[0]
+    kb = weight_scale.shape[1]
+    cfg = {**gemv_config(m, n, kb, _sm_count(x.device.type, x.device.index)), **override}
+    if cfg["DOT"]:
+        cfg["BLOCK_M"] = max(cfg["BLOCK_M"], 16)
+    splits, per = cfg.pop("splits"), cfg.pop("per")
+    atomic, dtype = splits > 1, x.dtype
+    y = torch.zeros(m, n, dtype=torch.float32, device=x.device) if atomic else x.new_empty((m, n))
+    xs = x.new_empty((1,), dtype=torch.float32)  # unused with QUANT
+    if not cfg["QUANT"]:
+        x, xs = fp8_quantize_rows(x, block_k)
+    grid = (triton.cdiv(n, cfg["BLOCK_N"]), splits)
+    _fp8_gemv_kernel[grid](x, xs, weight, weight_scale, weight if bias is None else bias, y, m, n, k, kb, per,
+                           BLOCK_K=block_k, FP8_DOT=block_k >= 32 and has_fp8_dot(x.device), ATOMIC=atomic,
+                           HAS_BIAS=bias is not None, **cfg, **pdl(x.device))
+    return y.to(dtype)
