@@ -17,7 +17,9 @@ Every output is first compared with float32 on its own dequantized operands (err
 one beyond 3e-2 is marked WRONG and not ranked. GB/s: weight bytes (e4m3 + float32 scales) / time; "of copy": that
 over the device copy bandwidth measured in the same run. Timing: common's gpu_times (CUDA events, interleaved
 rounds, L2 flushed before every launch, median). The summary table ends with ours' speed over the fastest peer's
-(time peer / time ours: > 1 means ours is faster); the ratio line gives the worst shape. Needs a CUDA GPU.
+(time peer / time ours: > 1 means ours is faster); the ratio lines give the worst shape, and at M <= 32 (ours'
+GEMV, fp8_gemv.py: each shape's line names the variant and split) the lowest weight bandwidth as a fraction of copy
+bandwidth (goal >= 0.7). Needs a CUDA GPU.
 
     python benchmarks/fp8_gemm.py [--models dsv3 qwen3-30b-a3b] [--m 1 32 256 4096] [--out FILE]
 """
@@ -43,6 +45,8 @@ from fp8_peers import (
 import atom_kernels
 from atom_kernels import dispatch
 from atom_kernels.reference.fp8 import fp8_dequantize, fp8_quantize
+from atom_kernels.triton.fp8_gemv import GEMV_MAX_M, gemv_config, sm_count
+from atom_kernels.triton.fp8_linear import gemm_tiles
 from atom_kernels.triton.fp8_quant import fp8_quantize_rows
 
 SHAPES = {  # layer → (N, K)
@@ -106,7 +110,7 @@ def run_case(say, model, layer, n, k, m, peers, copy_bw):
     live = {name: fn for name, fn in fns.items() if name in INFO or isinstance(err[name], float)}
     times, failed = gpu_times(live, ROUNDS, REPS)
     weight_bytes, flops = n * k + 4 * n * -(-k // 128), 2 * m * n * k
-    say(f"\n{model} {layer} {n} x {k}, M = {m}:")
+    say(f"\n{model} {layer} {n} x {k}, M = {m}: ours {ours_path(m, n, k)}")
     med = {}
     for name in fns:
         if name not in times:
@@ -121,6 +125,17 @@ def run_case(say, model, layer, n, k, m, peers, copy_bw):
         if bad:
             med.pop(name)
     return med, weight_bytes, flops
+
+
+def ours_path(m: int, n: int, k: int) -> str:
+    """Which of atom_kernels.fp8_linear's kernels (and launch parameters) runs this shape on this GPU."""
+    if m > GEMV_MAX_M:
+        return f"tile GEMM (BLOCK_M, BLOCK_N, warps, stages) = {gemm_tiles(m, n)}"
+    c = gemv_config(m, n, -(-k // BLOCK), sm_count("cuda", torch.cuda.current_device()))
+    kind = "tensor-core" if c["DOT"] else "CUDA-core"
+    quant = "in kernel" if c["QUANT"] else "first"
+    return (f"GEMV {kind}, BLOCK_N {c['BLOCK_N']}, BLOCK_M {c['BLOCK_M']}, split-K {c['splits']} x {c['per']} blocks, "
+            f"activation quantized {quant}")
 
 
 def main() -> int:
@@ -158,7 +173,7 @@ def main() -> int:
 def summary_table(say, rows, copy_bw) -> None:
     say(f"\n{'model':14s} {'layer':15s} {'N x K':>13s} {'M':>5s} {'ours us':>9s} {'TFLOP/s':>8s} {'GB/s':>6s} "
         f"{'of copy':>7s} {'fastest peer':>16s} {'peer us':>9s} {'ours/fastest':>12s}")
-    worst = None
+    worst = worst_bw = None
     for model, layer, n, k, m, med, weight_bytes, flops in rows:
         ranked = {name: t for name, t in med.items() if name not in INFO and name != "ours"}
         ours = med.get("ours")
@@ -170,12 +185,17 @@ def summary_table(say, rows, copy_bw) -> None:
         if worst is None or speed < worst[0]:
             worst = (speed, f"{model} {layer} M={m}", ranked[peer], ours)
         t = ours * 1e-3
+        if m <= GEMV_MAX_M and (worst_bw is None or weight_bytes / t < worst_bw[0]):
+            worst_bw = (weight_bytes / t, f"{model} {layer} M={m}")
         say(f"{model:14s} {layer:15s} {n:>6d} x {k:<6d} {m:>5d} {ours * 1e3:9.1f} {flops / t / 1e12:8.1f} "
             f"{weight_bytes / t / 1e9:6.0f} {weight_bytes / t / copy_bw:7.2f} {peer:>16s} {ranked[peer] * 1e3:9.1f} "
             f"{speed:12.2f}")
     if worst:
         say(ratio_line(f"fp8 GEMM speed ours/fastest peer, worst shape ({worst[1]})", worst[2], worst[3],
                        " (> 1: ours faster; goal >= 0.9 everywhere)"))
+    if worst_bw:
+        say(ratio_line(f"fp8 GEMM weight GB/s over copy bandwidth at M <= {GEMV_MAX_M}, worst shape ({worst_bw[1]})",
+                       worst_bw[0], copy_bw, " (goal >= 0.7)"))
 
 
 if __name__ == "__main__":

@@ -110,7 +110,7 @@ def _fp8_gemv_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, KB, BL
 
 
 @functools.cache
-def _sm_count(device_type: str, index: int | None) -> int:
+def sm_count(device_type: str, index: int | None) -> int:
     if device_type != "cuda":
         return 8  # Triton's CPU interpreter: a few programs, so that its checks reach split-K with small shapes
     index = torch.cuda.current_device() if index is None else index
@@ -137,7 +137,7 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
     or None → y [M, N] in x's dtype. `override` replaces gemv_config's entries (tests: splits/per, DOT, QUANT)."""
     (m, k), n = x.shape, weight.shape[0]
     kb = weight_scale.shape[1]
-    cfg = {**gemv_config(m, n, kb, _sm_count(x.device.type, x.device.index)), **override}
+    cfg = {**gemv_config(m, n, kb, sm_count(x.device.type, x.device.index)), **override}
     if cfg["DOT"]:
         cfg["BLOCK_M"] = max(cfg["BLOCK_M"], 16)
     splits, per = cfg.pop("splits"), cfg.pop("per")
