@@ -94,8 +94,8 @@ def _fp8_gemv_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, KB, BL
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for b in range(b0, tl.minimum(b0 + BLOCKS_PER_SPLIT, KB)):
         kk = b * BLOCK_K + rk
-        w = tl.load(w_ptr + rows[:, None] * K + kk[None, :], mask=kk[None, :] < K, other=0.0,
-                    eviction_policy="evict_first")  # read once: keep L2 for x and y
+        # no eviction hint: it may keep Triton from pipelining the dot's operand loads (cp.async) on the DOT path
+        w = tl.load(w_ptr + rows[:, None] * K + kk[None, :], mask=kk[None, :] < K, other=0.0)
         q, xs = _act_block(x_ptr, xs_ptr, rm, kk, b, M, K, KB, QUANT)
         ws = tl.load(ws_ptr + rows * KB + b)
         acc += _block_product(w, q, DOT, FP8_DOT) * ws[:, None] * xs[None, :]
