@@ -3,7 +3,8 @@
 `hf_greedy` refuses a reference that carries no information. Random weights with transformers' default init
 (std 0.02), tied embeddings above all, make greedy output one token repeated whatever the context: then a
 parity test passes with attention, the KV cache or rope broken. So every reference is checked: each output
-of 8+ tokens has at least MIN_DISTINCT distinct tokens, and shuffling a prompt's context (all but its last
+of 8+ tokens has at least MIN_DISTINCT distinct tokens (a batch of 20 or more may hold one flat output in twenty:
+some prompts reach a fixed point by chance, and the others still carry the information), and shuffling a prompt's context (all but its last
 token) changes the continuation for most prompts.
 """
 
@@ -74,7 +75,7 @@ def require_informative(path, prompts: list[list[int]], max_new_tokens: int, out
     with_context = [i for i, p in enumerate(prompts) if len(p) >= 3]
     changed = [i for i in with_context if shuffled[i] != outs[i][:SHUFFLE_TOKENS]]
     problems = []
-    if flat:
+    if len(flat) > len(outs) // 20:
         problems.append(f"outputs {flat} have fewer than {MIN_DISTINCT} distinct tokens: "
                         f"{[outs[i][:12] for i in flat]}")
     if 2 * len(changed) < len(with_context):
