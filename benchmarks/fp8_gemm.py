@@ -132,9 +132,8 @@ def ours_path(m: int, n: int, k: int) -> str:
     if m > GEMV_MAX_M:
         return f"tile GEMM (BLOCK_M, BLOCK_N, warps, stages) = {gemm_tiles(m, n)}"
     c = gemv_config(m, n, -(-k // BLOCK), sm_count("cuda", torch.cuda.current_device()))
-    kind = "tensor-core" if c["DOT"] else "CUDA-core"
     quant = "in kernel" if c["QUANT"] else "first"
-    return (f"GEMV {kind}, BLOCK_N {c['BLOCK_N']}, BLOCK_M {c['BLOCK_M']}, split-K {c['splits']} x {c['per']} blocks, "
+    return (f"GEMV, BLOCK_N {c['BLOCK_N']}, BLOCK_M {c['BLOCK_M']}, split-K {c['splits']} x {c['per']} blocks, "
             f"activation quantized {quant}")
 
 

@@ -10,12 +10,10 @@ At M <= 32 the layer is a weight read: N * K bytes against 2 * M * N * K flops. 
   - one program owns BLOCK_N weight rows for ALL M rows and a range of K blocks, so the weight is read once;
   - split-K (grid axis 1) when N / BLOCK_N alone gives too few programs to keep ~2 per SM busy pulling bytes
     (N = 2048 / 32 = 64 programs would leave half the SMs idle);
-  - the per-block product is CUDA-core fp32 FMAs for M <= FMA_MAX_M, tensor cores above. The FMA version costs
-    ~M FMAs + ~2 ops (e4m3 -> fp32 convert, scale) per weight byte: at 3 TB/s that is (M + 2) * 3e12 ops/s against
-    ~33e12 fp32 lane-ops/s on an H200 (132 SMs x 128 lanes x 1.98 GHz), so M = 4 uses ~55% of the issue rate and
-    M = 8 would be over it. Above, tl.dot with the weight tile as the MMA's M side ([BLOCK_N = 64, 128] e4m3,
+  - the per-block product is a tensor-core dot with the weight tile as the MMA's M side ([BLOCK_N = 64, 128] e4m3,
     wgmma-sized) and the tokens, padded to 16 or 32, as its N side ("swap AB"): the padding costs tensor-core
-    flops, which are ~30x the need at M = 32, not bytes.
+    flops, which are ~30x the need at M = 32, not bytes. A CUDA-core product for M <= 4 was measured slower at
+    every shape (H200: 0.05-0.17 of copy at M = 1 against 0.2-0.7 for the dot at M = 32; docs/fp8.md).
 Each K block b adds (sum_k wq[n, k] * xq[m, k]) * ws[n, b] * xs[m, b] to a float32 accumulator, the factored form
 of the reference's sum over dequantized operands (same products, another summation order).
 
@@ -41,7 +39,6 @@ from atom_kernels.triton._utils import pdl, pdl_prologue, pow2
 from atom_kernels.triton.fp8_quant import fp8_quantize_rows, group_scale, has_fp8_dot, quantize_values
 
 GEMV_MAX_M = 32  # M above: the tile GEMM (fp8_linear.py); 32 tokens fill the swapped MMA's N side
-FMA_MAX_M = 4  # CUDA-core product up to here (see the module doc: M + 2 ops per weight byte)
 FUSE_QUANT_MAX_M = 8  # quantize the activation in the kernel up to here
 MIN_BLOCKS_PER_SPLIT = 2  # K blocks per split at least: fewer makes the atomics' traffic comparable to the weight's
 
@@ -63,23 +60,18 @@ def _act_block(x_ptr, xs_ptr, rm, kk, b, M, K, KB, QUANT: tl.constexpr):
 
 
 @triton.jit
-def _block_product(w, q, DOT: tl.constexpr, FP8_DOT: tl.constexpr):
+def _block_product(w, q, FP8_DOT: tl.constexpr):
     """w [BLOCK_N, BLOCK_K] e4m3, q [BLOCK_M, BLOCK_K] e4m3 values → [BLOCK_N, BLOCK_M] fp32: sum over the block of
-    w[n, k] * q[m, k]. DOT: tensor cores (e4m3 operands on sm_89+, else float16, exact for e4m3 values)."""
-    if DOT:
-        if FP8_DOT:
-            part = tl.dot(w, tl.trans(q.to(w.dtype)), out_dtype=tl.float32)
-        else:
-            part = tl.dot(w.to(tl.float16), tl.trans(q.to(tl.float16)), out_dtype=tl.float32)
-    else:
-        part = tl.sum(w.to(tl.float32)[:, None, :] * q.to(tl.float32)[None, :, :], axis=2)
-    return part
+    w[n, k] * q[m, k] on tensor cores (e4m3 operands on sm_89+, else float16, exact for e4m3 values)."""
+    if FP8_DOT:
+        return tl.dot(w, tl.trans(q.to(w.dtype)), out_dtype=tl.float32)
+    return tl.dot(w.to(tl.float16), tl.trans(q.to(tl.float16)), out_dtype=tl.float32)
 
 
 @triton.jit
 def _fp8_gemv_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, KB, BLOCKS_PER_SPLIT,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, QUANT: tl.constexpr,
-                     DOT: tl.constexpr, FP8_DOT: tl.constexpr, ATOMIC: tl.constexpr, HAS_BIAS: tl.constexpr,
+                     FP8_DOT: tl.constexpr, ATOMIC: tl.constexpr, HAS_BIAS: tl.constexpr,
                      PDL: tl.constexpr):
     # grid (cdiv(N, BLOCK_N), splits): y[:M, n-tile] (+)= x[:M, K range] @ w[n-tile, K range]^T, K range = K blocks
     # [pid_k * BLOCKS_PER_SPLIT, +BLOCKS_PER_SPLIT) ∩ [0, KB). x [M, K] (QUANT: raw; else e4m3 with xs [M, KB]),
@@ -94,11 +86,11 @@ def _fp8_gemv_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, KB, BL
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for b in range(b0, tl.minimum(b0 + BLOCKS_PER_SPLIT, KB)):
         kk = b * BLOCK_K + rk
-        # no eviction hint: it may keep Triton from pipelining the dot's operand loads (cp.async) on the DOT path
+        # no eviction hint: it may keep Triton from pipelining the dot's operand loads (cp.async)
         w = tl.load(w_ptr + rows[:, None] * K + kk[None, :], mask=kk[None, :] < K, other=0.0)
         q, xs = _act_block(x_ptr, xs_ptr, rm, kk, b, M, K, KB, QUANT)
         ws = tl.load(ws_ptr + rows * KB + b)
-        acc += _block_product(w, q, DOT, FP8_DOT) * ws[:, None] * xs[None, :]
+        acc += _block_product(w, q, FP8_DOT) * ws[:, None] * xs[None, :]
     if HAS_BIAS:
         acc += tl.where(pid_k == 0, tl.load(b_ptr + rows).to(tl.float32), 0.0)[:, None]
     ptrs = y_ptr + rm[None, :] * N + rn[:, None]
@@ -118,28 +110,24 @@ def sm_count(device_type: str, index: int | None) -> int:
 
 
 def gemv_config(m: int, n: int, kb: int, sms: int) -> dict:
-    """Launch parameters for M = m rows (1 <= m <= GEMV_MAX_M) of an [n, kb blocks] weight on `sms` SMs.
-    FMA (m <= 4): BLOCK_N 32 rows x 128 columns = 4 KB of e4m3 per load, a [32, BLOCK_M, 128] fp32 product over 4
-    warps (<= 128 values a thread). DOT: BLOCK_N 64 (one warpgroup's wgmma M), tokens padded to >= 16 (tl.dot's
-    minimum); 4 stages of 8 KB weight tiles in flight per program (Triton pipelines a dot's operand loads)."""
-    dot = m > FMA_MAX_M
-    block_n = 64 if dot else 32
+    """Launch parameters for M = m rows (1 <= m <= GEMV_MAX_M) of an [n, kb blocks] weight on `sms` SMs: BLOCK_N 64
+    (one warpgroup's wgmma M), tokens padded to >= 16 (tl.dot's minimum); 4 stages of 8 KB weight tiles in flight
+    per program (Triton pipelines a dot's operand loads)."""
+    block_n = 64
     n_tiles = triton.cdiv(n, block_n)
     split = max(1, min(triton.cdiv(2 * sms, n_tiles), kb // MIN_BLOCKS_PER_SPLIT))  # ~2 programs per SM
     per = triton.cdiv(kb, split)
-    return dict(BLOCK_M=max(16, pow2(m)) if dot else pow2(m), BLOCK_N=block_n, DOT=dot, QUANT=m <= FUSE_QUANT_MAX_M,
-                splits=triton.cdiv(kb, per), per=per, num_warps=4, num_stages=4 if dot else 1)
+    return dict(BLOCK_M=max(16, pow2(m)), BLOCK_N=block_n, QUANT=m <= FUSE_QUANT_MAX_M, splits=triton.cdiv(kb, per),
+                per=per, num_warps=4, num_stages=4)
 
 
 def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, block_k: int,
              bias: torch.Tensor | None, **override) -> torch.Tensor:
     """x [M, K] (contiguous, 1 <= M <= GEMV_MAX_M), weight [N, K] e4m3 and weight_scale [N, KB] contiguous, bias [N]
-    or None → y [M, N] in x's dtype. `override` replaces gemv_config's entries (tests: splits/per, DOT, QUANT)."""
+    or None → y [M, N] in x's dtype. `override` replaces gemv_config's entries (tests: splits/per, QUANT)."""
     (m, k), n = x.shape, weight.shape[0]
     kb = weight_scale.shape[1]
     cfg = {**gemv_config(m, n, kb, sm_count(x.device.type, x.device.index)), **override}
-    if cfg["DOT"]:
-        cfg["BLOCK_M"] = max(cfg["BLOCK_M"], 16)
     splits, per = cfg.pop("splits"), cfg.pop("per")
     atomic, dtype = splits > 1, x.dtype
     y = torch.zeros(m, n, dtype=torch.float32, device=x.device) if atomic else x.new_empty((m, n))

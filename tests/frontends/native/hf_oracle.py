@@ -3,9 +3,9 @@
 `hf_greedy` refuses a reference that carries no information. Random weights with transformers' default init
 (std 0.02), tied embeddings above all, make greedy output one token repeated whatever the context: then a
 parity test passes with attention, the KV cache or rope broken. So every reference is checked: each output
-of 8+ tokens has at least MIN_DISTINCT distinct tokens (a batch of 20 or more may hold one flat output in twenty:
-some prompts reach a fixed point by chance, and the others still carry the information), and shuffling a prompt's context (all but its last
-token) changes the continuation for most prompts.
+of 8+ tokens has at least MIN_DISTINCT distinct tokens (a batch of 20 or more may hold one flat output in
+twenty: some prompts reach a fixed point by chance, and the others still carry the information), and
+shuffling a prompt's context (all but its last token) changes the continuation for most prompts.
 """
 
 from __future__ import annotations
