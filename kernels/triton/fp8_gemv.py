@@ -40,6 +40,10 @@ from atom_kernels.triton.fp8_quant import fp8_quantize_rows, group_scale, has_fp
 
 GEMV_MAX_M = 32  # M above: the tile GEMM (fp8_linear.py); 32 tokens fill the swapped MMA's N side
 FUSE_QUANT_MAX_M = 8  # quantize the activation in the kernel up to here
+# split-K costs two launches (zeroing, the cast) of ~2-3 us each even in a CUDA graph; below this many weight bytes
+# (a few us at copy bandwidth) they cost more than the idle SMs (H200, Qwen3-0.6B fp8 decode at batch 1: 1.63 ms a
+# step with the tile GEMM, 1.79 with split-K everywhere)
+SPLIT_MIN_BYTES = 16 << 20
 MIN_BLOCKS_PER_SPLIT = 2  # K blocks per split at least: fewer makes the atomics' traffic comparable to the weight's
 
 
@@ -116,6 +120,8 @@ def gemv_config(m: int, n: int, kb: int, sms: int) -> dict:
     block_n = 64
     n_tiles = triton.cdiv(n, block_n)
     split = max(1, min(triton.cdiv(2 * sms, n_tiles), kb // MIN_BLOCKS_PER_SPLIT))  # ~2 programs per SM
+    if n * kb * 128 < SPLIT_MIN_BYTES:
+        split = 1
     per = triton.cdiv(kb, split)
     return dict(BLOCK_M=max(16, pow2(m)), BLOCK_N=block_n, QUANT=m <= FUSE_QUANT_MAX_M, splits=triton.cdiv(kb, per),
                 per=per, num_warps=4, num_stages=4)
