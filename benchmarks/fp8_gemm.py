@@ -132,9 +132,7 @@ def ours_path(m: int, n: int, k: int) -> str:
     if m > GEMV_MAX_M:
         return f"tile GEMM (BLOCK_M, BLOCK_N, warps, stages) = {gemm_tiles(m, n)}"
     c = gemv_config(m, n, -(-k // BLOCK), sm_count("cuda", torch.cuda.current_device()))
-    quant = "in kernel" if c["QUANT"] else "first"
-    return (f"GEMV, BLOCK_N {c['BLOCK_N']}, BLOCK_M {c['BLOCK_M']}, split-K {c['splits']} x {c['per']} blocks, "
-            f"activation quantized {quant}")
+    return (f"GEMV, BLOCK_N {c['BLOCK_N']}, BLOCK_M {c['BLOCK_M']}, split-K {c['splits']} x {c['per']} blocks")
 
 
 def main() -> int:

@@ -17,9 +17,9 @@ At M <= 32 the layer is a weight read: N * K bytes against 2 * M * N * K flops. 
 Each K block b adds (sum_k wq[n, k] * xq[m, k]) * ws[n, b] * xs[m, b] to a float32 accumulator, the factored form
 of the reference's sum over dequantized operands (same products, another summation order).
 
-Activation quantization: in the kernel (QUANT) for M <= FUSE_QUANT_MAX_M, saving a launch that costs more than the
-whole GEMV on small layers; every program redoes its K range's quantization (~25 ops per element, IEEE division),
-~M * 25 / BLOCK_N ops per weight byte, so larger M quantize once first (fp8_quantize_rows).
+The activation is quantized first (fp8_quantize_rows, one launch). Quantizing it inside the kernel for M <= 8 was
+tried and removed: every program redoes its K range's quantization over the dot's padded 16 rows, and on the H200 an
+M = 1 GEMV took 4x the time of the same shape at M = 32 (DeepSeek-V3 gate_up: 389 against 92 us).
 
 Split-K reduction: float32 atomic adds into a zeroed [M, N] buffer, then one cast. Chosen over a second pass over
 [SPLIT, M, N] partials: no workspace, the buffer is M * N * 4 bytes (L2-resident), one zeroing launch instead of a
@@ -36,31 +36,10 @@ import triton
 import triton.language as tl
 
 from atom_kernels.triton._utils import pdl, pdl_prologue, pow2
-from atom_kernels.triton.fp8_quant import fp8_quantize_rows, group_scale, has_fp8_dot, quantize_values
+from atom_kernels.triton.fp8_quant import fp8_quantize_rows, has_fp8_dot
 
 GEMV_MAX_M = 32  # M above: the tile GEMM (fp8_linear.py); 32 tokens fill the swapped MMA's N side
-FUSE_QUANT_MAX_M = 8  # quantize the activation in the kernel up to here
-# split-K costs two launches (zeroing, the cast) of ~2-3 us each even in a CUDA graph; below this many weight bytes
-# (a few us at copy bandwidth) they cost more than the idle SMs (H200, Qwen3-0.6B fp8 decode at batch 1: 1.63 ms a
-# step with the tile GEMM, 1.79 with split-K everywhere)
-SPLIT_MIN_BYTES = 16 << 20
 MIN_BLOCKS_PER_SPLIT = 2  # K blocks per split at least: fewer makes the atomics' traffic comparable to the weight's
-
-
-@triton.jit
-def _act_block(x_ptr, xs_ptr, rm, kk, b, M, K, KB, QUANT: tl.constexpr):
-    """Activation rows rm x columns kk (one group, K block b) → (q [BLOCK_M, BLOCK_K]: the e4m3 values, as fp32 when
-    QUANT else e4m3; scale [BLOCK_M] fp32). QUANT: x is the raw activation, quantized here as fp8_quantize_rows does
-    (masked columns are 0, so the amax is the group's); else x is already e4m3 with its scales xs [M, KB]."""
-    x = tl.load(x_ptr + rm[:, None] * K + kk[None, :], mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
-    if QUANT:
-        x = x.to(tl.float32)
-        scale = group_scale(tl.max(tl.abs(x), axis=1))
-        q = quantize_values(x, scale[:, None])
-    else:
-        q = x
-        scale = tl.load(xs_ptr + rm * KB + b, mask=rm < M, other=0.0)
-    return q, scale
 
 
 @triton.jit
@@ -73,12 +52,11 @@ def _block_product(w, q, FP8_DOT: tl.constexpr):
 
 
 @triton.jit
-def _fp8_gemv_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, KB, BLOCKS_PER_SPLIT,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, QUANT: tl.constexpr,
-                     FP8_DOT: tl.constexpr, ATOMIC: tl.constexpr, HAS_BIAS: tl.constexpr,
-                     PDL: tl.constexpr):
-    # grid (cdiv(N, BLOCK_N), splits): y[:M, n-tile] (+)= x[:M, K range] @ w[n-tile, K range]^T, K range = K blocks
-    # [pid_k * BLOCKS_PER_SPLIT, +BLOCKS_PER_SPLIT) ∩ [0, KB). x [M, K] (QUANT: raw; else e4m3 with xs [M, KB]),
+def _fp8_gemv_kernel(xq_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, KB, BLOCKS_PER_SPLIT,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP8_DOT: tl.constexpr,
+                     ATOMIC: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
+    # grid (cdiv(N, BLOCK_N), splits): y[:M, n-tile] (+)= xq[:M, K range] @ w[n-tile, K range]^T, K range = K blocks
+    # [pid_k * BLOCKS_PER_SPLIT, +BLOCKS_PER_SPLIT) ∩ [0, KB). xq [M, K] e4m3 with xs [M, KB] fp32,
     # w [N, K] e4m3, ws [N, KB] fp32, y [M, N] (ATOMIC: fp32, zeroed). acc is y's tile transposed: [BLOCK_N, BLOCK_M].
     pdl_prologue(PDL)
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
@@ -92,7 +70,8 @@ def _fp8_gemv_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, KB, BL
         kk = b * BLOCK_K + rk
         # no eviction hint: it may keep Triton from pipelining the dot's operand loads (cp.async)
         w = tl.load(w_ptr + rows[:, None] * K + kk[None, :], mask=kk[None, :] < K, other=0.0)
-        q, xs = _act_block(x_ptr, xs_ptr, rm, kk, b, M, K, KB, QUANT)
+        q = tl.load(xq_ptr + rm[:, None] * K + kk[None, :], mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
+        xs = tl.load(xs_ptr + rm * KB + b, mask=rm < M, other=0.0)
         ws = tl.load(ws_ptr + rows * KB + b)
         acc += _block_product(w, q, FP8_DOT) * ws[:, None] * xs[None, :]
     if HAS_BIAS:
@@ -120,28 +99,24 @@ def gemv_config(m: int, n: int, kb: int, sms: int) -> dict:
     block_n = 64
     n_tiles = triton.cdiv(n, block_n)
     split = max(1, min(triton.cdiv(2 * sms, n_tiles), kb // MIN_BLOCKS_PER_SPLIT))  # ~2 programs per SM
-    if n * kb * 128 < SPLIT_MIN_BYTES:
-        split = 1
     per = triton.cdiv(kb, split)
-    return dict(BLOCK_M=max(16, pow2(m)), BLOCK_N=block_n, QUANT=m <= FUSE_QUANT_MAX_M, splits=triton.cdiv(kb, per),
-                per=per, num_warps=4, num_stages=4)
+    return dict(BLOCK_M=max(16, pow2(m)), BLOCK_N=block_n, splits=triton.cdiv(kb, per), per=per, num_warps=4,
+                num_stages=4)
 
 
 def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, block_k: int,
              bias: torch.Tensor | None, **override) -> torch.Tensor:
     """x [M, K] (contiguous, 1 <= M <= GEMV_MAX_M), weight [N, K] e4m3 and weight_scale [N, KB] contiguous, bias [N]
-    or None → y [M, N] in x's dtype. `override` replaces gemv_config's entries (tests: splits/per, QUANT)."""
+    or None → y [M, N] in x's dtype. `override` replaces gemv_config's entries (tests: splits/per)."""
     (m, k), n = x.shape, weight.shape[0]
     kb = weight_scale.shape[1]
     cfg = {**gemv_config(m, n, kb, sm_count(x.device.type, x.device.index)), **override}
     splits, per = cfg.pop("splits"), cfg.pop("per")
     atomic, dtype = splits > 1, x.dtype
     y = torch.zeros(m, n, dtype=torch.float32, device=x.device) if atomic else x.new_empty((m, n))
-    xs = x.new_empty((1,), dtype=torch.float32)  # unused with QUANT
-    if not cfg["QUANT"]:
-        x, xs = fp8_quantize_rows(x, block_k)
+    xq, xs = fp8_quantize_rows(x, block_k)
     grid = (triton.cdiv(n, cfg["BLOCK_N"]), splits)
-    _fp8_gemv_kernel[grid](x, xs, weight, weight_scale, weight if bias is None else bias, y, m, n, k, kb, per,
+    _fp8_gemv_kernel[grid](xq, xs, weight, weight_scale, weight if bias is None else bias, y, m, n, k, kb, per,
                            BLOCK_K=block_k, FP8_DOT=block_k >= 32 and has_fp8_dot(x.device), ATOMIC=atomic,
                            HAS_BIAS=bias is not None, **cfg, **pdl(x.device))
     return y.to(dtype)

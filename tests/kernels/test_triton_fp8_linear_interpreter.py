@@ -14,8 +14,7 @@ pytest.importorskip("triton")
 
 from tests.interpreter import run_under_interpreter  # noqa: E402
 
-GEMV_VARIANTS = (  # (QUANT, splits, K blocks per split) for a 3-block K
-    (True, 1, 3), (False, 3, 1), (False, 1, 3), (True, 2, 2))
+GEMV_SPLITS = ((1, 3), (3, 1), (2, 2))  # (splits, K blocks per split) for a 3-block K
 
 
 def interpreter_checks() -> None:
@@ -66,8 +65,8 @@ def gemv_checks() -> None:
         wq, b = w.to(torch.float8_e4m3fn), torch.randn(n) if bias else None
         want = reference(x, wq, scale, 128, 128, None, b)
         tol = 1e-2 if dtype == torch.bfloat16 else 1e-5
-        for quant, splits, per in GEMV_VARIANTS:
-            cfg = dict(QUANT=quant, splits=min(splits, scale.shape[1]), per=per)
+        for splits, per in GEMV_SPLITS:
+            cfg = dict(splits=min(splits, scale.shape[1]), per=per)
             got = fp8_gemv(x, wq, scale, 128, b, **cfg)
             assert got.dtype == dtype and got.shape == (m, n), (got.dtype, got.shape)
             torch.testing.assert_close(got, want, rtol=tol, atol=tol, msg=lambda e, at=(m, n, k, cfg): f"{at}: {e}")
@@ -82,7 +81,7 @@ def gemv_checks() -> None:
         assert not _close(fp8_linear(x, wq, scale.roll(1, 1), 128, 128), want, 1e-5)
     x, wq = torch.randn(3, 80), torch.randn(24, 80).to(torch.float8_e4m3fn)  # 16-column blocks: the float16 dot
     scale = torch.rand(24, 5) / 100 + 1e-3
-    got = fp8_gemv(x, wq, scale, 16, None, QUANT=True, splits=2, per=3)
+    got = fp8_gemv(x, wq, scale, 16, None, splits=2, per=3)
     torch.testing.assert_close(got, reference(x, wq, scale, 16, 16), rtol=1e-5, atol=1e-5)
     print("gemv checks passed")
 
