@@ -26,20 +26,22 @@ class Platform:
     all_reduce(t) sums `t` over the tensor-parallel group (in place allowed) and returns it;
     all_gather(t, dim) concatenates the ranks' `t` along `dim`. Both go through the HOST's groups.
 
-    Data parallelism (vLLM's --data-parallel-size; default none): dp_size engine ranks each run their own requests
-    through the whole model (attention and dense layers tensor-parallel inside the rank's own TP group) except the
-    MoE experts, which are split over the MoE group of all dp_size x tp_size ranks, moe_rank = dp_rank * tp_size +
-    tp_rank. `data_parallel_experts(experts, hidden, topk_weights, topk_ids)` (required with dp_size > 1) runs
-    `experts.local_forward` (the experts this rank holds) over the tokens of every DP rank and returns this rank's
-    rows [T_local, H] summed over the DP ranks.
+    Data parallelism (vLLM's --data-parallel-size, SGLang's DP attention; default none): dp_size engine ranks each run
+    their own requests through the whole model (attention and dense layers tensor-parallel inside the rank's own TP
+    group: under SGLang's DP attention its attention-TP group) except the MoE experts, which are split over the MoE
+    group of all dp_size x tp_size ranks, moe_rank = dp_rank * tp_size + tp_rank. `data_parallel_experts(experts,
+    hidden, topk_weights, topk_ids)` (required with dp_size > 1) runs `experts.local_forward` (the experts this rank
+    holds) over the tokens of every DP rank and returns this rank's share of its rows [T_local, H]: summed over the
+    tensor-parallel group (FusedExperts' all_reduce), the shares give the rows summed over the whole MoE group. vLLM's
+    share: the rows summed over the DP ranks; SGLang's: the complete rows on TP rank 0, zeros on the others.
 
     Expert parallelism (the host's layout; default none): the MoE layers' experts are split over ep_size ranks of
     the MoE group, each rank holding whole experts (its `local_experts`) and, when ep_size is less than the group,
     a 1/moe_tp_size slice of their intermediate dim. Ranks are laid out as vLLM and SGLang lay them out:
-    moe_rank = ep_rank * moe_tp_size + moe_tp_rank. Every rank's partial MoE output is summed over the group: over
-    the DP ranks inside `data_parallel_experts`, then with `all_reduce` over the tensor-parallel group. Which experts
-    a rank holds is the host's `expert_placement`: "linear" (contiguous ranges) or "round_robin" (expert e on rank
-    e % ep_size).
+    moe_rank = ep_rank * moe_tp_size + moe_tp_rank. Every rank's partial MoE output is summed over the group: first
+    inside `data_parallel_experts` (its share, above), then with `all_reduce` over the tensor-parallel group. Which
+    experts a rank holds is the host's `expert_placement`: "linear" (contiguous ranges) or "round_robin" (expert e on
+    rank e % ep_size).
     """
 
     host: str

@@ -7,10 +7,11 @@ that share an expert shard its intermediate dimension (like a column- then row-p
 gate_up_proj [E_local, 2*I/moe_tp, H] (its gate rows, then its up rows) and down_proj [E_local, H, I/moe_tp], and
 expert_map [E] int32 (global id → local index, -1 for another rank's expert). The forward maps the router's ids
 through it, so the op skips pairs whose expert is elsewhere (its -1 contract), and the partial outputs are summed
-over the MoE group (over data-parallel ranks by the Platform's data_parallel_experts, then with its all-reduce over
+over the MoE group (across data-parallel ranks by the Platform's data_parallel_experts, then with its all-reduce over
 the tensor-parallel group). No EP (the default): E_local = E, the intermediate dim split over all moe_size ranks.
 vLLM's EP: moe_tp_size 1; SGLang's --ep-size: tp_size // ep_size. The MoE group is the tensor-parallel group, or
-with vLLM's data parallelism all dp_size x tp_size ranks, the tokens of every DP rank gathered around the experts.
+with data parallelism (vLLM's, SGLang's DP attention) all dp_size x tp_size ranks, every DP rank's tokens gathered
+around the experts.
 
 Checkpoints: transformers' save_pretrained writes per-expert tensors `experts.{i}.{gate,up,down}_proj.weight`
 (4.x and 5.x alike; atom_core.models.weights maps them here with shard id (i, "gate"|"up"|"down")); the fused

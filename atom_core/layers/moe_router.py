@@ -116,7 +116,7 @@ def route(hidden: torch.Tensor, weight: torch.Tensor, rc: RouterConfig,
 
 def _mask_groups(choice: torch.Tensor, rc: RouterConfig) -> torch.Tensor:
     """Keep the experts of each token's `topk_group` best groups; the others get -inf. [T, E] → [T, E]."""
-    grouped = choice.view(choice.shape[0], rc.n_group, -1)  # [T, groups, experts per group]
+    grouped = choice.view(choice.shape[0], rc.n_group, choice.shape[1] // rc.n_group)  # [T, groups, experts per group]
     if rc.topk_method == "noaux_tc":
         group_scores = grouped.topk(min(2, grouped.shape[-1]), dim=-1)[0].sum(dim=-1)
     else:

@@ -110,7 +110,9 @@ class LlamaAttention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary_emb(positions, q, k)
-        out = self.attn(q.reshape(t, -1), k.reshape(t, -1), v.contiguous())
+        # explicit widths: a batch may have no tokens (SGLang's IDLE steps under DP attention)
+        out = self.attn(q.reshape(t, self.num_heads * self.head_dim), k.reshape(t, self.num_kv_heads * self.head_dim),
+                        v.contiguous())
         return self.o_proj(out)
 
 

@@ -166,8 +166,9 @@ class AtomAttnBackend(AttentionBackend):
     def init_cpu_graph_state(self, *args, **kwargs):
         raise RuntimeError(CPU_GRAPH_ERROR)
 
-    def get_cpu_graph_seq_len_fill_value(self):
-        raise RuntimeError(CPU_GRAPH_ERROR)
+    def get_cpu_graph_seq_len_fill_value(self) -> int:
+        # Not only CPU graphs read it: SGLang's CPU engine pads DP-attention batches (prepare_mlp_sync_batch) with it.
+        return SEQ_LEN_FILL_VALUE
 
     def init_forward_metadata_capture_cpu_graph(self, *args, **kwargs):
         raise RuntimeError(CPU_GRAPH_ERROR)

@@ -127,8 +127,8 @@ def expert_parallel_layout(server_args: Any, parallel: Any) -> dict[str, Any]:
     """The Platform's expert-parallel fields from SGLang's MoE layout (--ep-size): ep_rank/ep_size are its
     moe_ep_rank/moe_ep_size (the rest of the TP group, moe_tp_size = tp_size // ep_size, splits each expert's
     intermediate dim), placement "linear" as SGLang's FusedMoE stores experts (rank r: [r * E/ep, (r+1) * E/ep)).
-    What needs token dispatch between ranks is refused: MoE-DP, all-to-all backends, EPLB (DP attention:
-    sglang_platform)."""
+    What needs token dispatch between ranks is refused: MoE-DP, all-to-all backends, EPLB. Under DP attention the
+    same layout spans the dp_size x attn_tp_size ranks (data_parallel.py)."""
     if parallel.moe_ep_size == 1:
         return {}
     sa = server_args
@@ -143,23 +143,23 @@ def expert_parallel_layout(server_args: Any, parallel: Any) -> dict[str, Any]:
     return dict(ep_rank=parallel.moe_ep_rank, ep_size=parallel.moe_ep_size, expert_placement="linear")
 
 
-def sglang_platform() -> Platform:
-    """Device from ServerArgs; tensor parallelism through SGLang's own TP group; SGLang's expert-parallel layout
-    (expert_parallel_layout). DP attention is refused: its attention-TP groups are smaller than the TP group our
-    layers would split over."""
-    server_args, parallel = _runtime()
-    if parallel.attn_dp_size > 1:
-        raise ValueError(f"SGLang's DP attention (--enable-dp-attention, attention data-parallel size "
-                         f"{parallel.attn_dp_size}) is not supported by atom-core's SGLang frontend: its layers would "
-                         "be split over the whole tensor-parallel group instead of SGLang's attention-TP groups. Run "
-                         "without --enable-dp-attention (atom-core's MoE models run data-parallel under vLLM's "
-                         f"--data-parallel-size){_FALLBACK}")
-    tp_rank, tp_size = parallel.tp_rank, parallel.tp_size
-    kwargs: dict[str, Any] = {}
-    if tp_size > 1:
+def _tensor_parallel_fields(parallel: Any) -> dict[str, Any]:
+    """The Platform's tensor-parallel fields: SGLang's TP group and its collectives."""
+    fields: dict[str, Any] = dict(tp_rank=parallel.tp_rank, tp_size=parallel.tp_size)
+    if parallel.tp_size > 1:
         from sglang.srt.distributed import tensor_model_parallel_all_gather, tensor_model_parallel_all_reduce
 
-        kwargs = dict(all_reduce=tensor_model_parallel_all_reduce,
-                      all_gather=tensor_model_parallel_all_gather)
-    return Platform(host=HOST, device=_device(getattr(server_args, "device", None)), tp_rank=tp_rank,
-                    tp_size=tp_size, **kwargs, **expert_parallel_layout(server_args, parallel))
+        fields.update(all_reduce=tensor_model_parallel_all_reduce, all_gather=tensor_model_parallel_all_gather)
+    return fields
+
+
+def sglang_platform() -> Platform:
+    """Device from ServerArgs; tensor parallelism through SGLang's own TP group; SGLang's expert-parallel layout
+    (expert_parallel_layout). Under DP attention (data_parallel.py) the tensor-parallel group is SGLang's
+    attention-TP group, and the MoE experts run over every DP rank's tokens."""
+    from atom_frontends.sglang.data_parallel import data_parallel_fields
+
+    server_args, parallel = _runtime()
+    fields = data_parallel_fields(parallel) or _tensor_parallel_fields(parallel)
+    return Platform(host=HOST, device=_device(getattr(server_args, "device", None)), **fields,
+                    **expert_parallel_layout(server_args, parallel))

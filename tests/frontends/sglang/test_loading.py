@@ -124,27 +124,43 @@ def test_hooks_as_the_core_asks_them():
     assert host_hooks("sglang").atom_attention_impl(spec=mla).__name__ == "SGLangMLAAttention"
 
 
-# SGLang 0.5.23's CPU path cannot run tp_size > 1 here: its TP group creates a PyNcclCommunicator on the CPU device
-# (init_model_parallel_group turns pynccl on for every in-tree platform but NPU/XPU; nvidia-nccl comes with sglang)
-# and torch.cuda.device(cpu) raises "Expected a cuda device, but got: cpu" in each scheduler process. So --ep-size is
-# checked from real ServerArgs and SGLang's own rank derivation (runtime_context), not in an engine.
-@pytest.mark.parametrize("ep_size", [1, 2])
-def test_dp_attention_is_refused_with_and_without_expert_parallelism(sglang_checkpoint, ep_size):
-    """SGLang's DP attention splits attention over attention-TP groups smaller than the TP group; atom-core's layers
-    would split over the whole TP group: refused by name, whatever the MoE layout."""
+# SGLang 0.5.23's CPU path starts tp_size > 1 only with SGLANG_NCCL_SO_PATH pointing nowhere (its TP group otherwise
+# creates a PyNcclCommunicator on the CPU device: init_model_parallel_group turns pynccl on for every in-tree platform
+# but NPU/XPU, and torch.cuda.device(cpu) raises "Expected a cuda device, but got: cpu"; test_dp_attention.py's
+# engines do that). The layouts below are checked from real ServerArgs and SGLang's own rank derivation
+# (runtime_context), for more ranks than an engine on this machine could hold.
+@pytest.mark.parametrize("ep_size", [1, 2, 4])
+def test_dp_attention_layout_from_real_server_args(sglang_checkpoint, ep_size):
+    """--tp-size 4 with DP attention over 2 attention-DP ranks of attention-TP size 2: atom-core's tensor-parallel
+    group is SGLang's attention-TP group (attn_tp_rank/size), its DP rank SGLang's attention-DP rank, and the MoE group
+    the whole TP group (moe_rank == SGLang's tp_rank), with SGLang's expert layout (its moe_ep_rank / moe_tp_rank)."""
     from sglang.srt import runtime_context as rc
     from sglang.srt.server_args import ServerArgs
 
     from atom_core.plugins import current_platform
+    from atom_frontends.sglang.data_parallel import data_parallel_experts
     from atom_frontends.sglang.hooks import SGLANG
 
     args = ServerArgs(model_path=str(sglang_checkpoint("qwen3")), device="cpu", dtype="float32",
-                      attention_backend="atom", disable_cuda_graph=True, skip_tokenizer_init=True, tp_size=2,
+                      attention_backend="atom", disable_cuda_graph=True, skip_tokenizer_init=True, tp_size=4,
                       ep_size=ep_size)
-    with rc.use_context(rc.create_context(args, role="test", ranks=rc.SpawnRanks(world_rank=1))), SGLANG.scope():
-        with rc.get_parallel().override(attn_dp_size=2, attn_dp_rank=1, attn_tp_size=1, attn_tp_rank=0), \
-                pytest.raises(ValueError, match="DP attention.*--enable-dp-attention.*--data-parallel-size"):
-            current_platform("sglang")
+    for rank in range(4):
+        with rc.use_context(rc.create_context(args, role="test", ranks=rc.SpawnRanks(world_rank=rank))), \
+                SGLANG.scope():
+            with rc.get_parallel().override(attn_dp_size=2, attn_dp_rank=rank // 2, attn_tp_size=2,
+                                            attn_tp_rank=rank % 2):
+                p = current_platform("sglang")
+                parallel = rc.get_parallel()
+                assert (p.tp_rank, p.tp_size, p.dp_rank, p.dp_size) == (rank % 2, 2, rank // 2, 2)
+                assert (p.moe_rank, p.moe_size, p.ep_size) == (rank, 4, ep_size)
+                assert p.data_parallel_experts is data_parallel_experts
+                if ep_size > 1:  # SGLang's own
+                    assert (parallel.moe_ep_rank, parallel.moe_tp_rank) == (p.ep_rank, p.moe_tp_rank)
+                assert p.local_experts(8) == list(range(8))[p.ep_rank * 8 // ep_size:(p.ep_rank + 1) * 8 // ep_size]
+            with rc.get_parallel().override(attn_dp_size=2, attn_dp_rank=rank // 2, attn_tp_size=1, attn_tp_rank=0,
+                                            attn_cp_size=2, attn_cp_rank=rank % 2), \
+                    pytest.raises(ValueError, match="attention context parallelism.*SGLANG_EXTERNAL_MODEL_PACKAGE"):
+                current_platform("sglang")
 
 
 def test_expert_parallel_layout_from_real_server_args(sglang_checkpoint):
