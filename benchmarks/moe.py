@@ -148,6 +148,15 @@ def implementations(block, x, fp8=None):
     } | (fp8_rows(x, weights, ids, fp8) if fp8 else {})
 
 
+def fp8_close(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """fp8 outputs: Hopper's e4m3 tensor cores accumulate with fewer bits than float32 and the intermediate is
+    requantized to e4m3, so a few elements land one e4m3 step away (H200, T = 256: max 5.6e-2 on outputs of 2.66);
+    within 1% in relative L2 and every token's row within 10%, as tests/kernels/test_triton_fp8_moe.py bounds it."""
+    diff = got - want
+    rows = diff.norm(dim=-1) / want.norm(dim=-1).clamp(min=0.05 * want.norm(dim=-1).mean().item() + 1e-30)
+    return diff.norm().item() <= 1e-2 * want.norm().item() and rows.max().item() <= 0.1
+
+
 def check(block, say, fp8) -> bool:
     """Ours vs the reference and vs transformers' block (eager) at every token count; bf16 test tolerance."""
     ok = True
@@ -161,7 +170,7 @@ def check(block, say, fp8) -> bool:
                 continue
             got, want = fns[ours]().float(), fns[peer]().float()
             err = (got - want).abs().max().item()
-            bad = not torch.allclose(got, want, rtol=3e-2, atol=3e-2)
+            bad = not (fp8_close(got, want) if "fp8" in ours else torch.allclose(got, want, rtol=3e-2, atol=3e-2))
             ok &= not bad
             say(f"check T={t:5d}: max|{ours} - {peer}| = {err:.3e} (|{peer}| max {want.abs().max().item():.2f})"
                 + ("  MISMATCH" if bad else ""))
