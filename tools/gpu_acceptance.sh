@@ -3,7 +3,8 @@
 # a table last (tools/gpu_tests.py). Device time is short and the machine goes back after ~30 s idle: start a step in
 # the background inside one call and carry the next tools (tools/gpu_sglang, ../shared/gpu_vllm) while it runs,
 #   setsid nohup bash tools/gpu_acceptance.sh STEP LOGDIR > LOGDIR/STEP.out 2>&1 &
-# and keep the machine busy while waiting with calls like `sleep 200; tail -n1 LOGDIR/*/*.log`.
+# and keep the machine busy while waiting with calls like `sleep 200; tail -n1 LOGDIR/*/*.log`. Every `run` call re-syncs
+# the checkout (a lazy import in that window failed once): start long steps from a copy (cp -r . /tmp/repo; cd /tmp/repo).
 #   kernels    the machine's own torch/triton: the Triton kernels' GPU tests, ten groups side by side (small memory;
 #              H200 2026-11-29 with seven groups: 10 min, the longest the MLA group)
 #   native     the native engine's GPU tests (each engine sizes its KV cache from the free GPU memory: run it alone)
@@ -24,6 +25,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 tests() { python3 tools/gpu_tests.py --gpus 1 --timeout "${GPU_TESTS_TIMEOUT:-900}" "$@"; }
 K=tests/kernels S=tests/frontends/sglang
 sglang_env() {
+  [ -f /tmp/sglsite/env.sh ] || { echo "no /tmp/sglsite/env.sh: carry SGLang first (tools/gpu_sglang)"; return 1; }
   source /tmp/sglsite/env.sh
   python3 -m pip install -q --no-deps --no-build-isolation --upgrade --target /tmp/sglsite . 2>&1 | tail -2
 }
@@ -76,9 +78,10 @@ for step in ${steps//,/ }; do
     ;;
   bench)
     (sglang_env && timeout 600 python3 benchmarks/sglang_plugin_gpu.py) > "$logdir/sglang_bench.log" 2>&1
-    (cd benchmarks && timeout 300 python3 fp8_gemm.py && timeout 300 python3 moe.py --check --fp8 \
-      && timeout 300 python3 native_gpu.py --quant fp8 && timeout 300 python3 native_gpu.py --quant fp8 --shape qwen3-30b-a3b-4l \
-      && timeout 300 python3 mla_decode.py) > "$logdir/fp8_bench.log" 2>&1
+    # one after the other whatever each returns: a failed check must not cost the later numbers
+    (cd benchmarks && for b in fp8_gemm.py "moe.py --check --fp8" "native_gpu.py --quant fp8" \
+      "native_gpu.py --quant fp8 --shape qwen3-30b-a3b-4l" mla_decode.py; do timeout 300 python3 $b; done) \
+      > "$logdir/fp8_bench.log" 2>&1
     ;;
   *) echo "unknown step $step (kernels, native, sglang, sglang-tp, vllm, vllm-bench, serve, bench)"; exit 2 ;;
   esac
