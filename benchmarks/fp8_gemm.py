@@ -22,6 +22,9 @@ GEMV, fp8_gemv.py: each shape's line names the variant and split) the lowest wei
 bandwidth (goal >= 0.7). Needs a CUDA GPU.
 
     python benchmarks/fp8_gemm.py [--models dsv3 qwen3-30b-a3b] [--m 1 32 256 4096] [--out FILE]
+    python benchmarks/fp8_gemm.py --sweep [--layers "dsv3 mlp gate_up" ...] [--m 256 4096]
+--sweep times ours' tile GEMM (M > 32) under every candidate of SWEEP instead, fastest first, beside GEMM_TILES'
+choice: what to write into GEMM_TILES (kernels/triton/fp8_linear.py).
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ import atom_kernels
 from atom_kernels import dispatch
 from atom_kernels.reference.fp8 import fp8_dequantize, fp8_quantize
 from atom_kernels.triton.fp8_gemv import GEMV_MAX_M, gemv_config, sm_count
-from atom_kernels.triton.fp8_linear import gemm_tiles
+from atom_kernels.triton.fp8_linear import gemm, gemm_tiles
 from atom_kernels.triton.fp8_quant import fp8_quantize_rows
 
 SHAPES = {  # layer → (N, K)
@@ -56,6 +59,11 @@ SHAPES = {  # layer → (N, K)
                       "expert down": (2048, 768)},
 }
 ROWS = (1, 32, 256, 4096)
+# --sweep's tile candidates (BLOCK_M, BLOCK_N, warps, stages, GROUP_M) and default layers: the largest DeepSeek-V3
+# GEMMs and a Qwen3-30B-A3B attention projection
+SWEEP = [(bm, bn, w, st, g) for bm in (64, 128) for bn in (64, 128, 256) for w in (4, 8) for st in (3, 4)
+         for g in (1, 8) if not (bm == 128 and bn == 256 and st == 4)]  # 192 KB of stages: over the SM's budget
+SWEEP_LAYERS = ("dsv3 mlp gate_up", "dsv3 o", "qwen3-30b-a3b qkv")
 ROUNDS, REPS = 3, 10
 TOL = 3e-2
 INFO = ("quantize: reference", "quantize: triton")  # timed, never ranked
@@ -130,15 +138,37 @@ def run_case(say, model, layer, n, k, m, peers, copy_bw):
 def ours_path(m: int, n: int, k: int) -> str:
     """Which of atom_kernels.fp8_linear's kernels (and launch parameters) runs this shape on this GPU."""
     if m > GEMV_MAX_M:
-        return f"tile GEMM (BLOCK_M, BLOCK_N, warps, stages) = {gemm_tiles(m, n)}"
+        return f"tile GEMM (BLOCK_M, BLOCK_N, warps, stages, GROUP_M) = {gemm_tiles(m, n)}"
     c = gemv_config(m, n, -(-k // BLOCK), sm_count("cuda", torch.cuda.current_device()))
     return (f"GEMV, BLOCK_N {c['BLOCK_N']}, BLOCK_M {c['BLOCK_M']}, split-K {c['splits']} x {c['per']} blocks")
+
+
+def sweep(say, n: int, k: int, m: int) -> None:
+    """Ours' tile GEMM on one shape under every SWEEP candidate (and GEMM_TILES' choice), fastest first."""
+    g = torch.Generator(device="cuda").manual_seed(m + n + k)
+    wq, ws = block_quantize(torch.randn(n, k, device="cuda", generator=g) * k**-0.5)
+    ws_rows = rows_layout(ws, n)
+    x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
+    chosen = gemm_tiles(m, n)
+    fns = {tiles: functools.partial(gemm, x, wq, ws_rows, BLOCK, None, tiles) for tiles in {*SWEEP, chosen}}
+    times, failed = gpu_times(fns, ROUNDS, REPS)
+    ranked = sorted((summary(t, ROUNDS)[0], tiles) for tiles, t in times.items())
+    flops = 2 * m * n * k
+    for med, tiles in ranked[:8]:
+        say(f"  {tiles}  {med * 1e3:9.1f} us  {flops / med / 1e9:7.1f} TFLOP/s" + ("  (GEMM_TILES)" if tiles == chosen
+                                                                               else ""))
+    if chosen in times and chosen not in [t for _, t in ranked[:8]]:
+        say(f"  GEMM_TILES' {chosen}: {summary(times[chosen], ROUNDS)[0] * 1e3:.1f} us")
+    if failed:
+        say(f"  {len(failed)} candidates failed, e.g. {next(iter(failed.values()))}")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", choices=sorted(SHAPES), default=list(SHAPES))
     parser.add_argument("--m", type=int, nargs="+", default=ROWS, help="rows (tokens) per GEMM")
+    parser.add_argument("--sweep", action="store_true", help="time the tile GEMM's SWEEP candidates instead")
+    parser.add_argument("--layers", nargs="+", default=SWEEP_LAYERS, help="--sweep's layers ('model layer')")
     report = Report("fp8_gemm", parser)
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -147,6 +177,15 @@ def main() -> int:
         return 2
     say = report.say
     say(report.header())
+    if args.sweep:
+        for name in args.layers:
+            model, layer = name.split(" ", 1)
+            n, k = SHAPES[model][layer]
+            for m in (m for m in args.m if m > GEMV_MAX_M):
+                say(f"\nsweep {name} {n} x {k}, M = {m} (fastest first):")
+                sweep(say, n, k, m)
+        report.save(args.out)
+        return 0
     blockwise, note = torch_blockwise_mm()
     say(f"scaled_mm block: {note if blockwise else 'not supported by this torch build: ' + note}")
     vllm_fns, vllm_note = vllm_block_gemms()

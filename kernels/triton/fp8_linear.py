@@ -29,12 +29,18 @@ from atom_kernels.triton.fp8_quant import fp8_quantize_rows, has_fp8_dot
 
 @triton.jit
 def _block_scaled_gemm(xq_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, KB, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP8_DOT: tl.constexpr, HAS_BIAS: tl.constexpr,
-                       PDL: tl.constexpr):
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, FP8_DOT: tl.constexpr,
+                       HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
     pdl_prologue(PDL)
-    # grid (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N)); xq [M, K], w [N, K] e4m3 (K-contiguous); xs [M, KB], ws [N, KB] fp32;
-    # b [N] (HAS_BIAS); y [M, N] in the model dtype, rounded once after the float32 bias add as the reference does
-    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    # grid (cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N),); xq [M, K], w [N, K] e4m3 (K-contiguous); xs [M, KB], ws [N, KB] fp32;
+    # b [N] (HAS_BIAS); y [M, N] in the model dtype, rounded once after the float32 bias add as the reference does.
+    # Programs in groups of GROUP_M row tiles, row tile fastest inside a group: the programs running together share
+    # a few weight column tiles and GROUP_M activation row tiles in L2 (GROUP_M >= the row tiles: row tile fastest).
+    pid, num_m, num_n = tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
+    first_m = pid // (GROUP_M * num_n) * GROUP_M
+    size_m = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + pid % (GROUP_M * num_n) % size_m
+    pid_n = pid % (GROUP_M * num_n) // size_m
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
@@ -56,21 +62,22 @@ def _block_scaled_gemm(xq_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, KB,
              mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
-# (BLOCK_M, BLOCK_N, num_warps, num_stages) by M bucket, first match (M <= GEMV_MAX_M takes fp8_gemv.py). BLOCK_K is
-# the scale block (128), so a stage is (BLOCK_M + BLOCK_N) * 128 bytes of e4m3: 16 KB at 64 x 64, 32 KB at 128 x 128
-# (3 stages: 96 KB of an H200 SM's 228 KB). Hopper's wgmma takes 64 rows per warpgroup: BLOCK_M 64 with 4 warps,
-# 128 with 8. Small M wants narrow N tiles so the grid still covers 132 SMs (M = 256, N = 2048: 4 x 32 programs at
-# BLOCK_N 64); large M wants 128 x 128 for reuse (each e4m3 byte loaded feeds 128 MMAs' worth of columns). Untuned
-# starting points (vLLM's tuned block-FP8 configs for H100/H200 sit in the same range); benchmarks/fp8_gemm.py times.
-GEMM_TILES = ((64, (64, 64, 4, 4)), (256, (64, 128, 4, 3)), (None, (128, 128, 8, 3)))
+# (BLOCK_M, BLOCK_N, num_warps, num_stages, GROUP_M) by M bucket, first match (M <= GEMV_MAX_M takes fp8_gemv.py).
+# BLOCK_K is the scale block (128), so a stage is (BLOCK_M + BLOCK_N) * 128 bytes of e4m3: 16 KB at 64 x 64, 32 KB at
+# 128 x 128 (3 stages: 96 KB of an H200 SM's 228 KB). Hopper's wgmma takes 64 rows per warpgroup: BLOCK_M 64 with 4
+# warps, 128 with 8. Small M wants narrow N tiles so the grid still covers 132 SMs (M = 256, N = 2048: 4 x 32 programs
+# at BLOCK_N 64); large M wants 128 x 128 for reuse (each e4m3 byte loaded feeds 128 MMAs' worth of columns). Untuned
+# starting points: on the H200 they reach 165-190 TFLOP/s at M = 4096, 0.30x torch's scaled_mm
+# (benchmarks/results/fp8_gemm-2026-11-29-NVIDIA-H200.txt); `benchmarks/fp8_gemm.py --sweep` times the candidates.
+GEMM_TILES = ((64, (64, 64, 4, 4, 8)), (256, (64, 128, 4, 3, 8)), (None, (128, 128, 8, 3, 8)))
 
 
-def gemm_tiles(m: int, n: int) -> tuple[int, int, int, int]:
+def gemm_tiles(m: int, n: int) -> tuple[int, int, int, int, int]:
     """GEMM_TILES' entry for m rows, BLOCK_N halved (to >= 64) while the grid has fewer programs than an H200 SMs."""
-    block_m, block_n, warps, stages = next(tiles for top, tiles in GEMM_TILES if top is None or m <= top)
+    block_m, block_n, warps, stages, group_m = next(tiles for top, tiles in GEMM_TILES if top is None or m <= top)
     while block_n > 64 and triton.cdiv(m, block_m) * triton.cdiv(n, block_n) < 132:
         block_n //= 2
-    return block_m, block_n, warps, stages
+    return block_m, block_n, warps, stages, group_m
 
 
 def _runs_here(x, weight, weight_scale, block_k, act_group, input_scale) -> bool:
@@ -93,19 +100,19 @@ def fp8_linear(x, weight, weight_scale, block_k, act_group, input_scale=None, bi
     if m <= GEMV_MAX_M:
         y = fp8_gemv(x2, weight, weight_scale, block_k, bias)
     else:
-        y = _gemm(x2, weight, weight_scale, block_k, bias)
+        y = gemm(x2, weight, weight_scale, block_k, bias)
     return y.reshape(*x.shape[:-1], n)
 
 
-def _gemm(x, weight, weight_scale, block_k, bias, tiles=None):
+def gemm(x, weight, weight_scale, block_k, bias, tiles=None):
     """x [M, K] contiguous → [M, N] in x's dtype through the tile kernel; tiles: gemm_tiles' answer by default."""
     (m, k), n = x.shape, weight.shape[0]
     xq, xs = fp8_quantize_rows(x, block_k)
     y = x.new_empty((m, n))
-    block_m, block_n, warps, stages = tiles or gemm_tiles(m, n)
-    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
+    block_m, block_n, warps, stages, group_m = tiles or gemm_tiles(m, n)
+    grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n),)
     _block_scaled_gemm[grid](xq, xs, weight, weight_scale, weight if bias is None else bias, y, m, n, k, xs.shape[1],
-                             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+                             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m,
                              FP8_DOT=block_k >= 32 and has_fp8_dot(x.device), HAS_BIAS=bias is not None,
                              num_warps=warps, num_stages=stages, **pdl(x.device))
     return y

@@ -35,6 +35,14 @@ def interpreter_checks() -> None:
         torch.testing.assert_close(got, want, rtol=tol, atol=tol)
         shifted = fp8_linear(x, wq, scale.roll(1, 1), 128, 128, None, b)  # the scales' blocks matter
         assert not torch.allclose(shifted.float(), want.float(), rtol=tol, atol=tol)
+    from atom_kernels.triton.fp8_linear import gemm
+
+    x, wq = torch.randn(50, 300), torch.randn(70, 300).to(torch.float8_e4m3fn)  # 4 x 3 tiles of 16 x 32
+    scale = torch.rand(70, 3) / 100 + 1e-3
+    want = reference(x, wq, scale, 128, 128)
+    for group_m in (1, 3, 8):  # program groups of 1 row tile, 3 (the last group partial), all 4
+        torch.testing.assert_close(gemm(x, wq, scale, 128, None, (16, 32, 4, 1, group_m)), want, rtol=1e-5, atol=1e-5)
+        assert not _close(gemm(x, wq, scale.roll(1, 0), 128, None, (16, 32, 4, 1, group_m)), want, 1e-5)
     per_channel = torch.rand(64, 1)
     x, wq = torch.randn(3, 96), torch.randn(64, 96).to(torch.float8_e4m3fn)
     torch.testing.assert_close(fp8_linear(x, wq, per_channel, 96, 96), reference(x, wq, per_channel, 96, 96))
