@@ -79,7 +79,7 @@ for step in ${steps//,/ }; do
   bench)
     (sglang_env && timeout 600 python3 benchmarks/sglang_plugin_gpu.py) > "$logdir/sglang_bench.log" 2>&1
     # one after the other whatever each returns: a failed check must not cost the later numbers
-    (cd benchmarks && for b in fp8_gemm.py "moe.py --check --fp8" "native_gpu.py --quant fp8" \
+    (cd benchmarks && for b in fp8_gemm.py "fp8_gemm.py --sweep" "moe.py --check --fp8" "native_gpu.py --quant fp8" \
       "native_gpu.py --quant fp8 --shape qwen3-30b-a3b-4l" mla_decode.py; do timeout 300 python3 $b; done) \
       > "$logdir/fp8_bench.log" 2>&1
     ;;
