@@ -28,12 +28,12 @@ class Platform:
 
     Data parallelism (vLLM's --data-parallel-size, SGLang's DP attention; default none): dp_size engine ranks each run
     their own requests through the whole model (attention and dense layers tensor-parallel inside the rank's own TP
-    group: under SGLang's DP attention its attention-TP group) except the MoE experts, which are split over the MoE
+    group; under SGLang's DP attention, whole on each rank) except the MoE experts, which are split over the MoE
     group of all dp_size x tp_size ranks, moe_rank = dp_rank * tp_size + tp_rank. `data_parallel_experts(experts,
     hidden, topk_weights, topk_ids)` (required with dp_size > 1) runs `experts.local_forward` (the experts this rank
     holds) over the tokens of every DP rank and returns this rank's share of its rows [T_local, H]: summed over the
     tensor-parallel group (FusedExperts' all_reduce), the shares give the rows summed over the whole MoE group. vLLM's
-    share: the rows summed over the DP ranks; SGLang's: the complete rows on TP rank 0, zeros on the others.
+    share: the rows summed over the DP ranks; SGLang's (attention-TP size 1): the complete rows.
 
     Expert parallelism (the host's layout; default none): the MoE layers' experts are split over ep_size ranks of
     the MoE group, each rank holding whole experts (its `local_experts`) and, when ep_size is less than the group,

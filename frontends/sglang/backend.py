@@ -125,7 +125,7 @@ class AtomAttnBackend(AttentionBackend):
         dtype = model_runner.model_config.dtype  # the queries' dtype: the model's activations
         layers = [m for m in model_runner.model.modules() if isinstance(m, RadixAttention)]
         warm_up(dtype, context_len, budget,
-                attention=[AttentionCaches(self._spec(layer), self._caches(layer.layer_id)) for layer in layers])
+                attention=[AttentionCaches(self._spec(layer), self._caches(layer)) for layer in layers])
 
     # --- metadata ---------------------------------------------------------------------------------
     def init_forward_metadata(self, forward_batch) -> None:
@@ -189,10 +189,12 @@ class AtomAttnBackend(AttentionBackend):
             spec = self._specs[layer] = spec_of(layer, self.mla)
         return spec
 
-    def _caches(self, layer_id: int) -> tuple[torch.Tensor, ...]:
+    def _caches(self, layer) -> tuple[torch.Tensor, ...]:
         """The layer's part of the pool as the kernels' block-size-1 views, no copy: the MLA pool's latent buffer
-        [slots, 1, r + rope] as it is; the MHA pool's [slots, kv_heads, d] K and V as [slots, 1, kv_heads, d]."""
-        pool = self.token_to_kv_pool
+        [slots, 1, r + rope] as it is; the MHA pool's [slots, pool_heads, d] K and V as [slots, 1, kv_heads, d],
+        the first kv_heads (the layer's) of its heads (SGLang's CPU path sizes the pool from heads it padded up to
+        the TP size: config._PADDED_HEADS; ours are the checkpoint's)."""
+        pool, layer_id, kv_heads = self.token_to_kv_pool, layer.layer_id, layer.tp_k_head_num
         if self.mla:
             return (pool.get_key_buffer(layer_id),)
         k, v = pool.get_key_buffer(layer_id), pool.get_value_buffer(layer_id)
@@ -200,7 +202,10 @@ class AtomAttnBackend(AttentionBackend):
             raise NotImplementedError(f"KV buffer of shape {tuple(k.shape)} is not the token-major "
                                       "[slots, kv_heads, head_dim] layout atom-core reads "
                                       "(unset SGLANG_USE_HND_KVCACHE)")
-        return k.unsqueeze(1), v.unsqueeze(1)
+        if k.shape[1] < kv_heads:
+            raise RuntimeError(f"SGLang's KV pool holds {k.shape[1]} KV heads per rank for layer {layer_id}, "
+                               f"atom-core's layer has {kv_heads}")
+        return k[:, None, :kv_heads], v[:, None, :kv_heads]
 
     def _attend(self, q, k, v, layer, save_kv_cache: bool, kwargs: dict) -> torch.Tensor:
         """q [T, heads*d] (or [T, heads, d]); k/v [T, kv_heads, d] → [T, heads*d].
@@ -217,10 +222,10 @@ class AtomAttnBackend(AttentionBackend):
         if self.mla:
             # v is k's first r features (SGLang's own models pass that view); the rows written are k's
             latent = k.reshape(t, spec.head_dim) if save_kv_cache and k is not None else None
-            (cache,) = self._caches(layer.layer_id)
+            (cache,) = self._caches(layer)
             out = mla_forward(spec, q.reshape(t, spec.num_heads, spec.head_dim), latent, cache, md)
             return out.reshape(t, spec.num_heads * spec.kv_lora_rank)
-        k_cache, v_cache = self._caches(layer.layer_id)
+        k_cache, v_cache = self._caches(layer)
         write = save_kv_cache and k is not None and v is not None
         key = k.reshape(t, -1) if write else None
         value = v.reshape(t, -1) if write else None

@@ -82,11 +82,21 @@ _PADDED_SIZES = ("moe_intermediate_size", "intermediate_size", "intermediate_siz
                  "shared_expert_intermediate_size")
 
 
+# ... and, when the heads do not divide by the TP size, pads the KV heads up to it (query heads alongside), keeping
+# these: our layers split the checkpoint's heads (KV heads replicated when fewer than the ranks); the pool SGLang
+# sizes from the padded count may then hold more KV heads per rank than ours, and the backend reads a slice of it.
+_PADDED_HEADS = {"num_attention_heads": "original_num_attention_heads",
+                 "num_key_value_heads": "original_total_num_kv_heads"}
+
+
 def _checkpoint_sizes(hf_config: Any) -> Any:
     """hf_config with the checkpoint's own sizes where SGLang padded them (our layers take partial blocks): a copy,
     SGLang's object is left as SGLang made it."""
     originals = {name: getattr(hf_config, f"original_{name}", None) for name in _PADDED_SIZES}
-    originals = {name: value for name, value in originals.items() if value is not None}
+    if not hasattr(hf_config, "kv_lora_rank"):  # MLA: one latent per token, no KV heads to pad
+        originals |= {name: getattr(hf_config, original, None) for name, original in _PADDED_HEADS.items()}
+    originals = {name: value for name, value in originals.items()
+                 if value is not None and value != getattr(hf_config, name, None)}
     if not originals:
         return hf_config
     hf_config = copy.copy(hf_config)

@@ -2,12 +2,13 @@
 Platform's fields, and its data_parallel_experts through SGLang's own gather and scatter.
 
 SGLang keeps ONE tensor-parallel group of tp_size ranks and splits it into D attention-DP ranks of attn_tp_size =
-tp_size / D ranks each (rank layout tp_rank = attn_dp_rank * attn_tp_size + attn_tp_rank). Each attention-DP rank
-runs its own requests; a rank without any runs IDLE batches, so that every rank steps together. In atom-core's terms
-that is data parallelism with the attention-TP group as the tensor-parallel group: attention, dense MLPs, shared
-experts, embedding and LM head split over attn_tp_size ranks on the rank's own tokens (tp_rank/tp_size =
-attn_tp_rank/attn_tp_size, their sums over SGLang's attention-TP group), and the MoE experts over all dp_size x
-attn_tp_size = tp_size ranks (moe_rank = SGLang's tp_rank, the --ep-size layout unchanged).
+tp_size / D ranks each. Each attention-DP rank runs its own requests; a rank without any runs IDLE batches, so that
+every rank steps together. atom-core runs attn_tp_size 1 (D = tp_size): each rank attends, runs its dense layers and
+LM head whole on its own tokens (the Platform's tp_size 1, dp_rank/dp_size = SGLang's attention-DP rank/size), and
+the MoE experts are split over all tp_size ranks (moe_rank = SGLang's tp_rank, the --ep-size layout unchanged).
+attn_tp_size > 1 is refused: on CPU, tp 4 / dp 2 loads and then fails its first extend step (the attention got more
+token rows than the step's metadata: SGLang's communicator lays tokens out over the attention-TP group in ways the
+model does not follow yet).
 
 data_parallel_experts runs a MoE layer's local experts over the tokens of every DP rank as SGLang's own models do:
 SGLang sized this step's gathered buffer (the forward batch's global_dp_buffer_len, every rank's token count, padded
@@ -15,8 +16,7 @@ by SGLang to the most any rank has (MAX_LEN) or laid end to end (SUM_LEN)) befor
 gathers the hidden states and the routing (weights and expert ids as one float32 tensor) into that layout, the
 layer's local_forward runs the experts this rank holds, and the partial output comes back to this rank's rows summed
 over the whole TP group: SGLang's dp_reduce_scatter_tensor under MAX_LEN, else its TP all-reduce then dp_scatter
-(SGLang's own choice, layer_boundary/exit.py). The sum over the attention-TP group that FusedExperts adds afterwards
-(Platform.all_reduce) must then add nothing: the rows stay on attention-TP rank 0, zeros on the others.
+(SGLang's own choice, layer_boundary/exit.py).
 """
 
 from __future__ import annotations
@@ -32,12 +32,9 @@ _FALLBACK = "; or unset SGLANG_EXTERNAL_MODEL_PACKAGE so SGLang uses its own mod
 def _gather(x: torch.Tensor, forward_batch: Any) -> torch.Tensor:
     """This rank's rows of x [T_local, ...] → every DP rank's rows [global_dp_buffer_len, ...], in SGLang's layout."""
     from sglang.srt.layers.dp_attention import dp_gather_replicate, get_global_dp_buffer_len
-    from sglang.srt.runtime_context import get_parallel
 
     out = x.new_empty((get_global_dp_buffer_len(), *x.shape[1:]))
-    # SGLang zeroes the local rows of attention-TP ranks other than 0 in place (their copies are the same): a copy
-    local = x.clone() if get_parallel().attn_tp_size > 1 else x.contiguous()
-    dp_gather_replicate(out, local, forward_batch)
+    dp_gather_replicate(out, x.contiguous(), forward_batch)
     return out
 
 
@@ -59,10 +56,7 @@ def _reduce_to_local(out: torch.Tensor, local_rows: int, forward_batch: Any) -> 
 def data_parallel_experts(experts: nn.Module, hidden: torch.Tensor, topk_weights: torch.Tensor,
                           topk_ids: torch.Tensor) -> torch.Tensor:
     """The Platform's data_parallel_experts under SGLang's DP attention (the module doc): hidden [T_local, H] and its
-    routing → [T_local, H], the MoE output of this rank's tokens over every rank's experts on attention-TP rank 0
-    (zeros on the others, whose sum FusedExperts adds)."""
-    from sglang.srt.runtime_context import get_parallel
-
+    routing → [T_local, H], the MoE output of this rank's tokens over every rank's experts."""
     from atom_frontends.sglang.bridge import current_forward_batch
 
     forward_batch = current_forward_batch()
@@ -72,30 +66,20 @@ def data_parallel_experts(experts: nn.Module, hidden: torch.Tensor, topk_weights
     routing = _gather(torch.cat([topk_weights.float(), topk_ids.float()], dim=1), forward_batch)
     weights, ids = routing[:, :k].to(topk_weights.dtype), routing[:, k:].to(topk_ids.dtype)
     out = experts.local_forward(_gather(hidden, forward_batch), weights, ids)
-    local = _reduce_to_local(out, hidden.shape[0], forward_batch)
-    if get_parallel().attn_tp_rank != 0:
-        local.zero_()
-    return local
-
-
-def _attn_tp_all_gather(t: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    from sglang.srt.runtime_context import get_parallel
-
-    return get_parallel().attn_tp_group.all_gather(t, dim)
+    return _reduce_to_local(out, hidden.shape[0], forward_batch)
 
 
 def data_parallel_fields(parallel: Any) -> dict[str, Any]:
-    """The Platform's tensor- and data-parallel fields under SGLang's DP attention; {} without it."""
+    """The Platform's tensor- and data-parallel fields under SGLang's DP attention (attention-TP size 1); {} without
+    it."""
     if parallel.attn_dp_size == 1:
         return {}
     if parallel.attn_cp_size > 1:
         raise ValueError(f"SGLang's DP attention with attention context parallelism (attn_cp_size="
                          f"{parallel.attn_cp_size}) is not supported by atom-core's SGLang frontend{_FALLBACK}")
-    fields: dict[str, Any] = dict(tp_rank=parallel.attn_tp_rank, tp_size=parallel.attn_tp_size,
-                                  dp_rank=parallel.attn_dp_rank, dp_size=parallel.attn_dp_size,
-                                  data_parallel_experts=data_parallel_experts)
     if parallel.attn_tp_size > 1:
-        from sglang.srt.distributed import attention_tensor_model_parallel_all_reduce
-
-        fields.update(all_reduce=attention_tensor_model_parallel_all_reduce, all_gather=_attn_tp_all_gather)
-    return fields
+        raise ValueError(f"SGLang's DP attention with attention-TP size {parallel.attn_tp_size} (--tp-size / --dp-size "
+                         "> 1) is not supported by atom-core's SGLang frontend yet: set --dp-size to --tp-size "
+                         f"(attention-TP size 1){_FALLBACK}")
+    return dict(tp_rank=0, tp_size=1, dp_rank=parallel.attn_dp_rank, dp_size=parallel.attn_dp_size,
+                data_parallel_experts=data_parallel_experts)

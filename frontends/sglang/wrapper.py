@@ -24,20 +24,15 @@ from atom_frontends.sglang.config import SGLangModelConfig
 from atom_frontends.sglang.hooks import SGLANG
 
 
-def _lm_head_layout(lm_head: nn.Module) -> contextlib.AbstractContextManager:
-    """Where SGLang's LogitsProcessor (built inside) gathers the logits from: our LM head is split over the
-    Platform's tensor-parallel group, which under DP attention is SGLang's attention-TP group: SGLang's
-    --enable-dp-lm-head layout (each DP rank's logits of its own tokens, the vocab slices gathered over attention
-    TP), whether or not the flag was given. Without DP attention: the TP group, as SGLang reads its flags."""
+def _lm_head_layout() -> contextlib.AbstractContextManager:
+    """Where SGLang's LogitsProcessor (built inside) gathers the logits from. Under DP attention our LM head is whole
+    on each rank (attention-TP size 1: data_parallel.py) over the rank's own tokens: SGLang's --enable-dp-lm-head
+    layout, whether or not the flag was given. Without DP attention: the TP group, as SGLang reads its flags."""
     from sglang.srt.runtime_context import get_parallel
 
     parallel = get_parallel()
     if parallel.attn_dp_size == 1 or parallel.enable_dp_lm_head:
         return contextlib.nullcontext()
-    tp, vocab = lm_head.platform.tp_size, lm_head.num_embeddings
-    if vocab % tp:  # SGLang gathers uneven vocab slices in tensor_split's sizes, ours are ceil(vocab / tp) wide
-        raise ValueError(f"SGLang's DP attention with attention-TP size {tp}: atom-core's LM head needs a vocabulary "
-                         f"({vocab}) divisible by it")
     return parallel.override(enable_dp_lm_head=True)
 
 
@@ -54,7 +49,7 @@ class AtomSGLangModel(nn.Module):
         self._check_layer_ids()
         self.config = config
         self.quant_config = quant_config
-        with _lm_head_layout(self.core.lm_head):
+        with _lm_head_layout():
             self.logits_processor = LogitsProcessor(config)
         self._weights_loaded = False
 

@@ -131,9 +131,10 @@ def test_hooks_as_the_core_asks_them():
 # (runtime_context), for more ranks than an engine on this machine could hold.
 @pytest.mark.parametrize("ep_size", [1, 2, 4])
 def test_dp_attention_layout_from_real_server_args(sglang_checkpoint, ep_size):
-    """--tp-size 4 with DP attention over 2 attention-DP ranks of attention-TP size 2: atom-core's tensor-parallel
-    group is SGLang's attention-TP group (attn_tp_rank/size), its DP rank SGLang's attention-DP rank, and the MoE group
-    the whole TP group (moe_rank == SGLang's tp_rank), with SGLang's expert layout (its moe_ep_rank / moe_tp_rank)."""
+    """--tp-size 4 with DP attention over 4 attention-DP ranks (attention-TP size 1): atom-core's tensor-parallel group
+    is the rank alone, its DP rank SGLang's attention-DP rank, and the MoE group the whole TP group (moe_rank ==
+    SGLang's tp_rank), with SGLang's expert layout (its moe_ep_rank / moe_tp_rank). Attention-TP size 2 and attention
+    context parallelism are refused, saying what to do."""
     from sglang.srt import runtime_context as rc
     from sglang.srt.server_args import ServerArgs
 
@@ -147,16 +148,19 @@ def test_dp_attention_layout_from_real_server_args(sglang_checkpoint, ep_size):
     for rank in range(4):
         with rc.use_context(rc.create_context(args, role="test", ranks=rc.SpawnRanks(world_rank=rank))), \
                 SGLANG.scope():
-            with rc.get_parallel().override(attn_dp_size=2, attn_dp_rank=rank // 2, attn_tp_size=2,
-                                            attn_tp_rank=rank % 2):
+            with rc.get_parallel().override(attn_dp_size=4, attn_dp_rank=rank, attn_tp_size=1, attn_tp_rank=0):
                 p = current_platform("sglang")
                 parallel = rc.get_parallel()
-                assert (p.tp_rank, p.tp_size, p.dp_rank, p.dp_size) == (rank % 2, 2, rank // 2, 2)
+                assert (p.tp_rank, p.tp_size, p.dp_rank, p.dp_size) == (0, 1, rank, 4)
                 assert (p.moe_rank, p.moe_size, p.ep_size) == (rank, 4, ep_size)
                 assert p.data_parallel_experts is data_parallel_experts
                 if ep_size > 1:  # SGLang's own
                     assert (parallel.moe_ep_rank, parallel.moe_tp_rank) == (p.ep_rank, p.moe_tp_rank)
                 assert p.local_experts(8) == list(range(8))[p.ep_rank * 8 // ep_size:(p.ep_rank + 1) * 8 // ep_size]
+            with rc.get_parallel().override(attn_dp_size=2, attn_dp_rank=rank // 2, attn_tp_size=2,
+                                            attn_tp_rank=rank % 2), \
+                    pytest.raises(ValueError, match="attention-TP size 2.*--dp-size to --tp-size"):
+                current_platform("sglang")
             with rc.get_parallel().override(attn_dp_size=2, attn_dp_rank=rank // 2, attn_tp_size=1, attn_tp_rank=0,
                                             attn_cp_size=2, attn_cp_rank=rank % 2), \
                     pytest.raises(ValueError, match="attention context parallelism.*SGLANG_EXTERNAL_MODEL_PACKAGE"):
