@@ -74,7 +74,7 @@ def decode_steps(mla: bool = False, window: int | None = None, device: str = "cp
     def step(fb, q, k, v):
         return graph_backend.forward(q, k, v, layer, fb)
 
-    graphs = DecodeGraphRunner(graph_backend, SIZES, step, static_inputs, graph_backend._caches(layer.layer_id))
+    graphs = DecodeGraphRunner(graph_backend, SIZES, step, static_inputs, graph_backend._caches(layer))
     graphs.capture()  # its runs write SGLang's padding slot 0: copy the pool afterwards
     for other in runners[1:]:
         for a, b in zip(_pool_buffers(runners[0]), _pool_buffers(other)):
