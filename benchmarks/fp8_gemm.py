@@ -48,7 +48,8 @@ from fp8_peers import (
 import atom_kernels
 from atom_kernels import dispatch
 from atom_kernels.reference.fp8 import fp8_dequantize, fp8_quantize
-from atom_kernels.triton.fp8_gemv import GEMV_MAX_M, gemv_config, sm_count
+from atom_kernels.triton.attention.decode import num_sms
+from atom_kernels.triton.fp8_gemv import GEMV_MAX_M, gemv_config
 from atom_kernels.triton.fp8_linear import gemm, gemm_tiles
 from atom_kernels.triton.fp8_quant import fp8_quantize_rows
 
@@ -137,9 +138,10 @@ def run_case(say, model, layer, n, k, m, peers, copy_bw):
 
 def ours_path(m: int, n: int, k: int) -> str:
     """Which of atom_kernels.fp8_linear's kernels (and launch parameters) runs this shape on this GPU."""
+    sms = num_sms(torch.device("cuda"))
     if m > GEMV_MAX_M:
-        return f"tile GEMM (BLOCK_M, BLOCK_N, warps, stages, GROUP_M) = {gemm_tiles(m, n)}"
-    c = gemv_config(m, n, -(-k // BLOCK), sm_count("cuda", torch.cuda.current_device()))
+        return f"tile GEMM (BLOCK_M, BLOCK_N, warps, stages, GROUP_M) = {gemm_tiles(m, n, sms)}"
+    c = gemv_config(m, n, -(-k // BLOCK), sms)
     return (f"GEMV, BLOCK_N {c['BLOCK_N']}, BLOCK_M {c['BLOCK_M']}, split-K {c['splits']} x {c['per']} blocks")
 
 
@@ -149,7 +151,7 @@ def sweep(say, n: int, k: int, m: int) -> None:
     wq, ws = block_quantize(torch.randn(n, k, device="cuda", generator=g) * k**-0.5)
     ws_rows = rows_layout(ws, n)
     x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
-    chosen = gemm_tiles(m, n)
+    chosen = gemm_tiles(m, n, num_sms(torch.device("cuda")))
     fns = {tiles: functools.partial(gemm, x, wq, ws_rows, BLOCK, None, tiles) for tiles in {*SWEEP, chosen}}
     times, failed = gpu_times(fns, ROUNDS, REPS)
     ranked = sorted((summary(t, ROUNDS)[0], tiles) for tiles, t in times.items())

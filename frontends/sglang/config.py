@@ -138,7 +138,7 @@ def expert_parallel_layout(server_args: Any, parallel: Any) -> dict[str, Any]:
     moe_ep_rank/moe_ep_size (the rest of the TP group, moe_tp_size = tp_size // ep_size, splits each expert's
     intermediate dim), placement "linear" as SGLang's FusedMoE stores experts (rank r: [r * E/ep, (r+1) * E/ep)).
     What needs token dispatch between ranks is refused: MoE-DP, all-to-all backends, EPLB. Under DP attention the
-    same layout spans the dp_size x attn_tp_size ranks (data_parallel.py)."""
+    same layout spans the whole TP group (data_parallel.py)."""
     if parallel.moe_ep_size == 1:
         return {}
     sa = server_args
@@ -165,8 +165,8 @@ def _tensor_parallel_fields(parallel: Any) -> dict[str, Any]:
 
 def sglang_platform() -> Platform:
     """Device from ServerArgs; tensor parallelism through SGLang's own TP group; SGLang's expert-parallel layout
-    (expert_parallel_layout). Under DP attention (data_parallel.py) the tensor-parallel group is SGLang's
-    attention-TP group, and the MoE experts run over every DP rank's tokens."""
+    (expert_parallel_layout). Under DP attention (data_parallel.py, attention-TP size 1) each rank runs the dense
+    layers whole on its own tokens, and the MoE experts run over every DP rank's tokens."""
     from atom_frontends.sglang.data_parallel import data_parallel_fields
 
     server_args, parallel = _runtime()

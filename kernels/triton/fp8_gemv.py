@@ -9,7 +9,7 @@ At M <= 32 the layer is a weight read: N * K bytes against 2 * M * N * K flops. 
 132 SMs) the goal is >= 0.7 of copy bandwidth, ~3 TB/s of weight. Hence:
   - one program owns BLOCK_N weight rows for ALL M rows and a range of K blocks, so the weight is read once;
   - split-K (grid axis 1) when N / BLOCK_N alone gives too few programs to keep ~2 per SM busy pulling bytes
-    (N = 2048 / 32 = 64 programs would leave half the SMs idle);
+    (N = 2048 / 64 = 32 programs would leave three quarters of 132 SMs idle);
   - the per-block product is a tensor-core dot with the weight tile as the MMA's M side ([BLOCK_N = 64, 128] e4m3,
     wgmma-sized) and the tokens, padded to 16 or 32, as its N side ("swap AB"): the padding costs tensor-core
     flops, which are ~30x the need at M = 32, not bytes. A CUDA-core product for M <= 4 was measured slower at
@@ -29,13 +29,12 @@ float32, below the output's bf16 rounding except at rounding ties). The first sp
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
 from atom_kernels.triton._utils import pdl, pdl_prologue, pow2
+from atom_kernels.triton.attention.decode import num_sms
 from atom_kernels.triton.fp8_quant import fp8_quantize_rows, has_fp8_dot
 
 GEMV_MAX_M = 32  # M above: the tile GEMM (fp8_linear.py); 32 tokens fill the swapped MMA's N side
@@ -84,14 +83,6 @@ def _fp8_gemv_kernel(xq_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, KB, B
         tl.store(ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-@functools.cache
-def sm_count(device_type: str, index: int | None) -> int:
-    if device_type != "cuda":
-        return 8  # Triton's CPU interpreter: a few programs, so that its checks reach split-K with small shapes
-    index = torch.cuda.current_device() if index is None else index
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def gemv_config(m: int, n: int, kb: int, sms: int) -> dict:
     """Launch parameters for M = m rows (1 <= m <= GEMV_MAX_M) of an [n, kb blocks] weight on `sms` SMs: BLOCK_N 64
     (one warpgroup's wgmma M), tokens padded to >= 16 (tl.dot's minimum); 4 stages of 8 KB weight tiles in flight
@@ -110,7 +101,7 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
     or None → y [M, N] in x's dtype. `override` replaces gemv_config's entries (tests: splits/per)."""
     (m, k), n = x.shape, weight.shape[0]
     kb = weight_scale.shape[1]
-    cfg = {**gemv_config(m, n, kb, sm_count(x.device.type, x.device.index)), **override}
+    cfg = {**gemv_config(m, n, kb, num_sms(x.device)), **override}
     splits, per = cfg.pop("splits"), cfg.pop("per")
     atomic, dtype = splits > 1, x.dtype
     y = torch.zeros(m, n, dtype=torch.float32, device=x.device) if atomic else x.new_empty((m, n))

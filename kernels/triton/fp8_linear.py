@@ -1,6 +1,6 @@
 """fp8_linear for the fp8 block format (weight scales per 128 columns, activations per token and group of the same
 128 columns): a block-scaled GEMM over e4m3 operands, by M: up to GEMV_MAX_M (32) rows the weight-streaming GEMV of
-fp8_gemv.py (split-K, CUDA-core or swapped tensor-core products), above it the tile kernel here.
+fp8_gemv.py (split-K, swapped tensor-core products), above it the tile kernel here.
 
 Because both scales are constant over one K block, each block's partial product factors: y[m, n] = sum_b xs[m, b] *
 ws[n, b] * sum_{k in b} xq[m, k] * wq[n, k]. A program owns a BLOCK_M x BLOCK_N tile of y, walks K one scale block
@@ -23,6 +23,7 @@ import triton.language as tl
 
 from atom_kernels.reference import fp8 as reference
 from atom_kernels.triton._utils import check, pdl, pdl_prologue
+from atom_kernels.triton.attention.decode import num_sms
 from atom_kernels.triton.fp8_gemv import GEMV_MAX_M, fp8_gemv
 from atom_kernels.triton.fp8_quant import fp8_quantize_rows, has_fp8_dot
 
@@ -72,10 +73,10 @@ def _block_scaled_gemm(xq_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, KB,
 GEMM_TILES = ((64, (64, 64, 4, 4, 8)), (256, (64, 128, 4, 3, 8)), (None, (128, 128, 8, 3, 8)))
 
 
-def gemm_tiles(m: int, n: int) -> tuple[int, int, int, int, int]:
-    """GEMM_TILES' entry for m rows, BLOCK_N halved (to >= 64) while the grid has fewer programs than an H200 SMs."""
+def gemm_tiles(m: int, n: int, sms: int) -> tuple[int, int, int, int, int]:
+    """GEMM_TILES' entry for m rows, BLOCK_N halved (to >= 64) while the grid has fewer programs than `sms` SMs."""
     block_m, block_n, warps, stages, group_m = next(tiles for top, tiles in GEMM_TILES if top is None or m <= top)
-    while block_n > 64 and triton.cdiv(m, block_m) * triton.cdiv(n, block_n) < 132:
+    while block_n > 64 and triton.cdiv(m, block_m) * triton.cdiv(n, block_n) < sms:
         block_n //= 2
     return block_m, block_n, warps, stages, group_m
 
@@ -109,7 +110,7 @@ def gemm(x, weight, weight_scale, block_k, bias, tiles=None):
     (m, k), n = x.shape, weight.shape[0]
     xq, xs = fp8_quantize_rows(x, block_k)
     y = x.new_empty((m, n))
-    block_m, block_n, warps, stages, group_m = tiles or gemm_tiles(m, n)
+    block_m, block_n, warps, stages, group_m = tiles or gemm_tiles(m, n, num_sms(x.device))
     grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n),)
     _block_scaled_gemm[grid](xq, xs, weight, weight_scale, weight if bias is None else bias, y, m, n, k, xs.shape[1],
                              BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m,

@@ -1,10 +1,10 @@
 """The Triton block-scaled FP8 GEMM vs the torch reference (atom_kernels.reference.fp8: dequantize both sides,
 matmul in float32) under Triton's CPU interpreter (CI has no GPU): partial K blocks, N and M not multiples of the
 tiles, bias, bf16 and float32 inputs; shapes outside the kernel (per-channel scales, a static input scale) take the
-reference. The small-M GEMV (fp8_gemv.py): every variant (CUDA-core / tensor-core product, activation quantized in
-the kernel or first, split-K on and off) at M = 1, 2, 5, 16, 17 and through fp8_linear at M up to 33, with canaries
-(a neighbouring scale block, in K or in N, must fail). Marked gpu: DeepSeek-V3 and Qwen3-30B-A3B linear shapes
-(benchmarks/fp8_gemm.py's) at M = 1, 8, 32 (the GEMV's three variants) and 256 (the tile kernel), bf16."""
+reference; the tile kernel's program groups (GROUP_M). The small-M GEMV (fp8_gemv.py): split-K on and off at M = 1, 2,
+5, 16, 17 and through fp8_linear at M up to 33, with canaries (a neighbouring scale block, in K or in N, must fail).
+Marked gpu: DeepSeek-V3 and Qwen3-30B-A3B linear shapes (benchmarks/fp8_gemm.py's) at M = 1, 8, 32 (the GEMV) and
+256 (the tile kernel), bf16."""
 
 from __future__ import annotations
 
@@ -56,8 +56,9 @@ def _close(got, want, tol) -> bool:
 
 
 def gemv_checks() -> None:
-    """fp8_gemv (every variant, forced) and fp8_linear (its own choice) against the reference; the canaries shift
-    the weight scales by one block along K and one row along N: the kernels must then miss the reference."""
+    """fp8_gemv (each split of GEMV_SPLITS, forced) and fp8_linear (its own choice) against the reference; the
+    canaries shift the weight scales by one block along K and one row along N: the kernels must then miss the
+    reference."""
     import torch
 
     from atom_kernels.reference.fp8 import fp8_linear as reference
@@ -117,15 +118,13 @@ def _gpu_case(m: int, n: int, k: int):
     import torch
 
     from atom_kernels.reference.fp8 import fp8_linear as reference
+    from tests.fp8_checkpoints import quantize
 
     g = torch.Generator(device="cuda").manual_seed(m + n + k)
     w = torch.randn(n, k, device="cuda", generator=g) * k**-0.5
     x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
-    nb, kb = -(-n // 128), -(-k // 128)
-    tiles = torch.nn.functional.pad(w, (0, kb * 128 - k, 0, nb * 128 - n)).view(nb, 128, kb, 128)
-    block_scale = tiles.abs().amax((1, 3)).clamp(min=1e-12) / 448.0  # [nb, kb]
+    wq, block_scale, _ = quantize(w, "block")  # the checkpoints' block quantization; block_scale [nb, kb]
     scale = block_scale.repeat_interleave(128, 0)[:n].contiguous()  # [n, kb]
-    wq = (w / scale.repeat_interleave(128, 1)[:, :k]).clamp(-448, 448).to(torch.float8_e4m3fn)
     return x, wq, scale, reference(x, wq, scale, 128, 128)
 
 

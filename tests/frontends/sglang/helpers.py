@@ -4,6 +4,7 @@ atom-core's native engine."""
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 
 import torch
@@ -51,6 +52,15 @@ def sglang_engine(path, **overrides):
         yield engine
     finally:
         engine.shutdown()
+
+
+def cpu_ranks_env(monkeypatch, tmp_path: Path, ranks: int) -> None:
+    """What SGLang 0.5.23's CPU path needs to start several ranks (docs/sglang.md, Parallelism): SGLANG_NCCL_SO_PATH
+    pointing at no file (no PyNccl on the CPU device) and SGLANG_CPU_OMP_THREADS_BIND, one CPU per rank (it refuses
+    more ranks than NUMA nodes otherwise)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    monkeypatch.setenv("SGLANG_NCCL_SO_PATH", str(tmp_path / "none"))
+    monkeypatch.setenv("SGLANG_CPU_OMP_THREADS_BIND", "|".join(str(cpus[r % len(cpus)]) for r in range(ranks)))
 
 
 def generate(engine, prompts: list[list[int]], max_tokens: int = NEW_TOKENS) -> list[dict]:

@@ -4,16 +4,14 @@ its KV pool from them. atom-core's layers split the checkpoint's heads (each KV 
 its heads' slice of the pool (frontends/sglang/config.py _PADDED_HEADS); before that, loading failed ("start out of
 range"). Float32 greedy tokens == transformers, dense and MoE (--ep-size 2: two ranks per expert shard).
 
-The processes run as in test_dp_attention.py: SGLANG_NCCL_SO_PATH pointing nowhere (no PyNccl on the CPU device) and
-SGLANG_CPU_OMP_THREADS_BIND (more ranks than NUMA nodes).
+The processes run as in test_dp_attention.py (helpers.cpu_ranks_env).
 """
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
+from tests.frontends.sglang.helpers import cpu_ranks_env
 from tests.frontends.sglang.test_dp_attention import QWEN3_MOE, _reference, _run
 
 pytestmark = pytest.mark.slow
@@ -24,9 +22,7 @@ CASES = {"qwen3": (("Qwen3ForCausalLM", {}), dict(tp_size=4)), "qwen3-moe-ep2": 
 @pytest.mark.parametrize("name", list(CASES))
 def test_tp4_with_fewer_kv_heads_than_ranks_matches_transformers(checkpoint_factory, prompts, monkeypatch, tmp_path,
                                                                  name):
-    cpus = sorted(os.sched_getaffinity(0))
-    monkeypatch.setenv("SGLANG_NCCL_SO_PATH", str(tmp_path / "none"))
-    monkeypatch.setenv("SGLANG_CPU_OMP_THREADS_BIND", "|".join(str(cpus[r % len(cpus)]) for r in range(4)))
+    cpu_ranks_env(monkeypatch, tmp_path, 4)
     (arch, overrides), engine_args = CASES[name]
     path = checkpoint_factory(arch, **overrides)
     assert _run(path, prompts, **engine_args) == _reference(path, prompts)

@@ -18,14 +18,13 @@ rank: SGLang refuses more ranks than NUMA nodes without it).
 
 from __future__ import annotations
 
-import os
 import socket
 from collections import Counter
 
 import pytest
 
 from tests.frontends.native.hf_oracle import hf_greedy
-from tests.frontends.sglang.helpers import NEW_TOKENS, sglang_engine
+from tests.frontends.sglang.helpers import NEW_TOKENS, cpu_ranks_env, sglang_engine
 
 pytestmark = pytest.mark.slow
 
@@ -46,12 +45,10 @@ MAX_TOKENS = [NEW_TOKENS, SHORT, NEW_TOKENS, SHORT, NEW_TOKENS]
 @pytest.fixture
 def dp_env(monkeypatch, tmp_path):
     """The environment the engines' processes inherit (the module doc); the MoE-call log's path."""
-    cpus = sorted(os.sched_getaffinity(0))
     log = tmp_path / "moe_calls"
-    for name, value in (("SGLANG_EXTERNAL_MODEL_PACKAGE", DP_MODELS), ("SGLANG_NCCL_SO_PATH", str(tmp_path / "none")),
-                        ("SGLANG_CPU_OMP_THREADS_BIND", "|".join(str(cpus[r % len(cpus)]) for r in range(2))),
-                        ("DP_TEST_LOG", str(log))):
-        monkeypatch.setenv(name, value)
+    cpu_ranks_env(monkeypatch, tmp_path, 2)
+    monkeypatch.setenv("SGLANG_EXTERNAL_MODEL_PACKAGE", DP_MODELS)
+    monkeypatch.setenv("DP_TEST_LOG", str(log))
     return monkeypatch, log
 
 
