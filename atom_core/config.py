@@ -55,6 +55,10 @@ class AtomConfig:
     # afresh every step.
     persistent_mla_decode_metadata: bool = field(default_factory=lambda: envs.ATOM_USE_PERSISTENT_MLA_DECODE_METADATA)
 
+    # Native engine: CUDA graphs also for steps that carry prefill tokens (over a ladder of token counts), not only
+    # for decode-only steps; False: those steps run eagerly.
+    mixed_cuda_graphs: bool = True
+
     def __post_init__(self) -> None:
         for name in ("max_model_len", "block_size", "max_num_seqs", "max_num_batched_tokens",
                      "tensor_parallel_size", "pipeline_parallel_size"):

@@ -12,7 +12,7 @@ and inter-token latency (p50, p99). The ratios atom-core / vLLM are printed last
 TTFT p50: lower is better).
 
     python benchmarks/serve.py [--vllm-python PYTHON] [--model DIR | --shape qwen3-0.6b] [--dtype D] [--rates R,...]
-        [--num-prompts N] [--input-len N] [--output-len N] [--max-num-seqs N]
+        [--num-prompts N] [--input-len N] [--output-len N] [--max-num-seqs N] [--atom-flags=FLAGS]
     CPU defaults: .nox/vllm/bin/python, float32, rates 0.5,1,2,inf, 24 prompts, 128 in / 32 out, 32 seqs;
     GPU defaults: this python, bfloat16, rates 8,32,128,inf, 512 prompts, 512 in / 128 out, 256 seqs.
 """
@@ -113,6 +113,7 @@ def servers(args) -> list[tuple[str, list[str], dict]]:
               "--max-model-len", str(args.input_len + args.output_len + 64), "--disable-uvicorn-access-log"]
     vllm_env = {**os.environ, "VLLM_PLUGINS": "", "ATOM_DISABLE_FRONTENDS": "vllm"}
     atom = [sys.executable, "-m", "atom_frontends.native.cli", "serve", "--model", args.model, *common]
+    atom += args.atom_flags.split()
     if not args.gpu:  # a small KV cache on CPU, as vLLM's VLLM_CPU_KVCACHE_SPACE
         atom += ["--kv-cache-memory", "1GiB"]
         vllm_env["VLLM_CPU_KVCACHE_SPACE"] = "1"
@@ -172,6 +173,8 @@ def main() -> None:
     ap.add_argument("--input-len", type=int)
     ap.add_argument("--output-len", type=int)
     ap.add_argument("--max-num-seqs", type=int)
+    ap.add_argument("--atom-flags", default="", help="more `atom-core serve` flags, e.g. "
+                    "--atom-flags=--decode-cuda-graphs-only (steps with prefill tokens eager, for an A/B)")
     ap.add_argument("--keep", metavar="DIR", help="keep the servers' logs and vLLM's result files here")
     args = ap.parse_args()
     args.gpu = torch.cuda.is_available()

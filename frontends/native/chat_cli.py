@@ -51,6 +51,7 @@ def run_chat(args: argparse.Namespace) -> int:
                             max_tokens=args.max_tokens)
     llm = LLM(args.model, dtype=args.dtype, max_model_len=args.max_model_len, kv_cache_memory=args.kv_cache_memory,
               kv_cache_dtype=args.kv_cache_dtype, enforce_eager=args.enforce_eager, seed=args.seed,
+              mixed_cuda_graphs=not args.decode_cuda_graphs_only,
               load_format=args.load_format)
     tokenizer = llm.tokenizer
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):

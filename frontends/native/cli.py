@@ -71,6 +71,7 @@ def _generate(args: argparse.Namespace) -> int:
     resolve_model(args)
     llm = LLM(args.model, dtype=args.dtype, max_model_len=args.max_model_len, kv_cache_memory=args.kv_cache_memory,
               kv_cache_dtype=args.kv_cache_dtype, enforce_eager=args.enforce_eager, seed=args.seed,
+              mixed_cuda_graphs=not args.decode_cuda_graphs_only,
               load_format=args.load_format)
     prompts = args.prompt or ["What is the capital of France?"]
     # A chat model (its tokenizer has a chat template) gets each prompt as a user message, unless --no-chat.
@@ -124,6 +125,8 @@ def _add_engine_args(p: argparse.ArgumentParser, seed: int | None, seed_help: st
     p.add_argument("--kv-cache-dtype", default="auto",  # checked by AtomConfig (this module imports no torch)
                    help="auto (the model's dtype) or fp8 / fp8_e4m3 (float8 e4m3, scale 1.0: half the KV bytes)")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    p.add_argument("--decode-cuda-graphs-only", action="store_true",
+                   help="CUDA graphs for decode-only steps only; steps with prefill tokens run eagerly")
     p.add_argument("--load-format", choices=("auto", "dummy"), default="auto",
                    help="auto: the checkpoint's weights; dummy: random weights from config.json alone (benchmarks "
                         "at a released shape; the output is meaningless)")

@@ -34,6 +34,7 @@ class EngineArgs:
     # AtomConfig's switches; None: AtomConfig's default (its environment variable, see atom_kernels.envs).
     fused_qk_norm_rope: bool | None = None
     persistent_mla_decode_metadata: bool | None = None
+    mixed_cuda_graphs: bool | None = None  # CUDA graphs for steps with prefill tokens too (enforce_eager: none)
     # Seed of the engine's sampling generator. 0 as in vLLM, so sampled output repeats from run to run;
     # None draws a fresh seed (SamplingParams.seed still seeds single requests).
     seed: int | None = 0
@@ -70,7 +71,8 @@ class EngineArgs:
             if rope_parameters(hf_config)["rope_type"] == "default":
                 raise ValueError(f"max_model_len={max_model_len} exceeds the checkpoint's max_position_embeddings="
                                  f"{max_pos} and it has no rope scaling; lower max_model_len")
-        switches = {name: getattr(self, name) for name in ("fused_qk_norm_rope", "persistent_mla_decode_metadata")
+        switches = {name: getattr(self, name) for name in ("fused_qk_norm_rope", "persistent_mla_decode_metadata",
+                                                         "mixed_cuda_graphs")
                     if getattr(self, name) is not None}
         return AtomConfig(
             hf_config=hf_config, model_path=str(self.model), dtype=dtype,

@@ -5,12 +5,13 @@ logits rows are gathered with device indices, the sampler is vectorised, and exe
 StepOutput whose results() is the one read. With overlap scheduling a decode input may be a token the
 previous step sampled and the CPU has not read: the input builder writes -1 - j for row j of that
 step's sampled tokens, which the runner keeps in a persistent device buffer (`tokens`) and substitutes
-on the device before the forward. A decode-only step on GPU is one graph replay: substitution, forward,
-logits and sample_tokens on them (argmax for greedy rows, Gumbel-max at the row's temperature else, with a
-Philox key per row); when that is every row's answer (sampler.graph_sample_suffices: greedy or plain
-temperature sampling, nothing else asked) the CPU launches nothing more than the graph and the copies in and
-out, and the step's temperatures and keys travel with its inputs. Otherwise the graph's temperatures are 0
-and the CPU samples from the graph's logits.
+on the device before the forward. On GPU a step is one graph replay (cuda_graphs.py: decode steps by batch size,
+steps with prefill tokens by token count): substitution, forward, the logits of the completing sequences and
+sample_tokens on them (argmax for greedy rows, Gumbel-max at the row's temperature else, with a Philox key per
+row); when that is every row's answer (sampler.graph_sample_suffices: greedy or plain temperature sampling,
+nothing else asked) the CPU launches nothing more than the graph and the copies in and out, and the step's
+temperatures and keys travel with its inputs. Otherwise the graph's temperatures are 0 and the CPU samples from
+the graph's logits (prompt logprobs: from the graph's hidden states).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from atom_core.layers.attention import metadata_builder_of
 from atom_core.layers.kernel_warmup import AttentionCaches, warm_up
 from atom_core.platform import Platform
 from atom_frontends.native.attention import NativeCacheLayer
-from atom_frontends.native.cuda_graphs import DecodeGraphs, batch_size_ladder, why_not_capturable
+from atom_frontends.native.cuda_graphs import StepGraphs, why_not_capturable
+from atom_frontends.native.graph_shapes import GraphShape, ShapeLadder, batch_size_ladder, token_ladder
 from atom_frontends.native.inputs import StepInputs
 from atom_frontends.native.request import Request
 from atom_frontends.native.sampler import (
@@ -60,7 +62,7 @@ class ModelRunner:
         self.seed_base, self.graph_rows = seed_base(seed), 0
         self.num_blocks = 0
         self.inputs = None  # built with the KV cache, once config.max_model_len is final
-        self.graphs: DecodeGraphs | None = None
+        self.graphs: StepGraphs | None = None
         # [max_num_seqs] int64: row j = the token the latest step sampled for its j-th completing sequence (what an
         # input -1 - j stands for); prev_tokens: a graph step's copy of them from before it overwrote them with its
         # sample_tokens (the penalties read it)
@@ -78,8 +80,9 @@ class ModelRunner:
     def allocate_kv_cache(self, num_blocks: int) -> None:
         """One cache tensor per attention layer, of the shape the layer's spec asks for (K and V per KV head,
         or one MLA latent row per token); then the step inputs, whose block-table width follows
-        config.max_model_len (the engine may lower it to what the cache holds), and on GPU the decode CUDA
-        graphs, which bake in both."""
+        config.max_model_len (the engine may lower it to what the cache holds), and on GPU the CUDA graphs,
+        which bake in both. The cache is sized before the graphs exist (engine._num_kv_blocks: a share of the
+        free memory), so the graphs' pool and outputs come out of the share left for activations."""
         self.num_blocks = num_blocks
         for layer in self.attn_layers:
             layer.kv_cache = torch.zeros(layer.cache_shape(num_blocks, self.config.block_size),
@@ -99,46 +102,56 @@ class ModelRunner:
         reason = why_not_capturable(self.device, self.config.enforce_eager, ops)
         if reason is not None:
             if self.device.type == "cuda":
-                log.warning("CUDA graphs off (%s): decode steps run eagerly", reason)
+                log.warning("CUDA graphs off (%s): steps run eagerly", reason)
             return
-        self.graphs = DecodeGraphs(self._decode_step, self.inputs, batch_size_ladder(self.config.max_num_seqs))
+        self.graphs = self.step_graphs(capture=True)
 
-    def _decode_step(self, step: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
-        """A decode-only step as the graphs capture it, with no CPU reads: → hidden [G, D], logits [G, V]; every
-        row's sample_tokens (step.temperature, step.seeds) into tokens[:G] (the previous tokens kept in
-        prev_tokens)."""
+    def graph_ladder(self) -> ShapeLadder:
+        """The graph shapes: decode batch sizes up to max_num_seqs; token counts up to the step budget unless
+        config.mixed_cuda_graphs is off (then steps with prefill tokens run eagerly)."""
+        cfg = self.config
+        tokens = token_ladder(cfg.max_num_batched_tokens) if cfg.mixed_cuda_graphs else []
+        return ShapeLadder(batch_size_ladder(cfg.max_num_seqs), tokens, cfg.max_num_seqs, cfg.max_model_len)
+
+    def step_graphs(self, capture: bool) -> StepGraphs:
+        """The graphs of graph_ladder's shapes; capture=False (a CPU): their steps replayed eagerly."""
+        return StepGraphs(self.graph_step, self.inputs, self.graph_ladder(), capture)
+
+    def graph_step(self, step: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """A padded step as the graphs capture it, with no CPU reads: → hidden [T, D], logits [R, V] of the rows
+        step.logits_indices names (the completing sequences' last tokens, then row 0); every row's sample_tokens
+        (step.temperature, step.seeds) into tokens[:R] (the previous tokens kept in prev_tokens)."""
         self.prev_tokens.copy_(self.tokens)
         self.resolve_pending(step.input_ids, self.prev_tokens)
         hidden = self.model(step.input_ids, step.metadata.positions)
-        logits = self.model.compute_logits(hidden)
+        logits = self.model.compute_logits(hidden[step.logits_indices])
         self.tokens[: len(logits)] = atom_kernels.sample_tokens(logits, step.temperature, step.seeds)
         return hidden, logits
 
-    def _graph_size(self, batch: list[Scheduled]) -> int | None:
-        """Padded batch size of a decode-only step that a captured graph can run, else None."""
-        if self.graphs is None or any(s.num_new_tokens != 1 for s in batch):
+    def graph_shape(self, batch: list[Scheduled]) -> GraphShape | None:
+        """The graph shape a step pads to, None when it runs eagerly (no graphs, or no shape holds it)."""
+        if self.graphs is None or not batch:
             return None
-        return self.graphs.padded_size(len(batch))
+        return self.graphs.pick(sum(s.num_new_tokens for s in batch), len(batch))
 
     @torch.inference_mode()
     def execute(self, batch: list[Scheduled]) -> StepOutput:
         """Launch one step; its StepOutput gives one result per scheduled request (the sampled token, None for
         partial chunks, and the logprobs asked for) when read."""
-        size = self._graph_size(batch)
+        shape = self.graph_shape(batch)
         reqs = [s.request for s in batch]
         rows = [i for i, s in enumerate(batch) if s.completes]
         sampling = [reqs[i] for i in rows]
-        # the graph's sample_tokens is the answer (graph rows are batch rows: every row must sample)
-        in_graph = bool(rows) and size is not None and len(rows) == len(batch) and graph_sample_suffices(sampling)
-        temperatures, seeds = self._graph_sampling(sampling, size) if in_graph else (None, None)
-        step = self.inputs.build(batch, size, temperatures, seeds)
-        if size is None:
+        # the graph's sample_tokens is the answer (logits row j: the j-th completing sequence)
+        in_graph = bool(rows) and shape is not None and graph_sample_suffices(sampling)
+        temperatures, seeds = self._graph_sampling(sampling, shape.rows) if in_graph else (None, None)
+        step = self.inputs.build(batch, shape, temperatures, seeds)
+        if shape is None:
             hidden, logits = self._eager_step(step, batch, rows)
         else:
-            hidden, logits = self.graphs.replay(size)
-            # graph rows are batch rows; a one-token chunk that does not complete its prompt samples nothing
-            logits = logits[: len(batch)] if len(rows) == len(batch) else logits[step.logits_indices]
-        last = self.tokens if size is None else self.prev_tokens  # the step before's (a graph overwrote tokens)
+            hidden, logits = self.graphs.replay(shape)
+            logits = logits[: len(rows)]
+        last = self.tokens if shape is None else self.prev_tokens  # the step before's (a graph overwrote tokens)
         prompt = self._prompt_logprobs(batch, hidden) if any(r.prompt_logprobs is not None for r in reqs) else {}
         sampled = None
         if in_graph:
@@ -149,7 +162,7 @@ class ModelRunner:
         return StepOutput(reqs, rows, sampled, prompt)
 
     def _graph_sampling(self, reqs: list[Request], size: int) -> tuple[list[float], np.ndarray | None]:
-        """A graph step's temperatures (greedy: 0) and, when a row samples, fresh Philox keys for its G rows."""
+        """A graph step's temperatures (greedy: 0) and, when a row samples, fresh Philox keys for its R rows."""
         temperatures = [r.params.temperature for r in reqs]
         if not any(temperatures):
             return temperatures, None
@@ -158,7 +171,8 @@ class ModelRunner:
         return temperatures, seeds
 
     def _eager_step(self, step: StepInputs, batch: list[Scheduled], rows: list[int]):
-        """A step the graphs do not cover → (hidden [T, D], logits of the completing rows or None)."""
+        """A step the graphs do not cover (any step, with graphs off) → (hidden [T, D], logits of the completing rows
+        or None)."""
         if any(s.request.num_pending for s in batch):
             self.resolve_pending(step.input_ids, self.tokens)
         with set_forward_context(step.metadata):

@@ -29,6 +29,7 @@ def run(args: argparse.Namespace) -> int:
     engine = AsyncLLMEngine(EngineArgs(model=args.model, dtype=args.dtype, max_model_len=args.max_model_len,
                                        max_num_seqs=args.max_num_seqs, kv_cache_memory=args.kv_cache_memory,
                                        kv_cache_dtype=args.kv_cache_dtype, enforce_eager=args.enforce_eager,
+                                       mixed_cuda_graphs=not args.decode_cuda_graphs_only,
                                        seed=args.seed, load_format=args.load_format), max_queue=args.max_queue)
     try:
         names = args.served_model_name or [args.model]

@@ -1,4 +1,4 @@
-"""Checks of sampling inside decode graph steps, shared by the CPU tests (graphs replayed eagerly: EagerGraphs) and
+"""Checks of sampling inside decode graph steps, shared by the CPU tests (graphs replayed eagerly: eager_graphs) and
 the GPU tests (real CUDA graphs): which steps the CPU sampled in, and whether the decoded tokens follow the model's
 softmax(logits / t), measured against transformers' logits on the same checkpoint: a chi-square of the token counts
 and a z-score of their log-likelihood (the one that sees a wrong temperature best)."""
@@ -9,35 +9,20 @@ import math
 
 import torch
 
-from atom_core.forward_context import set_forward_context
 from atom_frontends.native import LLM, SamplingParams
 from atom_frontends.native import model_runner as model_runner_module
-from atom_frontends.native.cuda_graphs import DecodeGraphs, batch_size_ladder
+from atom_frontends.native.cuda_graphs import StepGraphs
 from tests.frontends.native import hf_oracle
 
 PROMPTS = hf_oracle.random_prompts([5, 8, 6, 9, 7, 10, 4, 8] * 8, seed=91)  # 64 requests
 NEW = 24
 
 
-class EagerGraphs:
-    """DecodeGraphs' contract on a CPU: each size's step is built once, as for a capture, and every replay runs the
-    runner's decode step on it, so it reads what the CPU staged in the input buffers for this step, as a replay
-    does (no CUDA graph: the runner's staging and in-graph sampling run as they do on a GPU)."""
-
-    padded_size = DecodeGraphs.padded_size
-
-    def __init__(self, runner) -> None:
-        self.sizes = batch_size_ladder(runner.config.max_num_seqs)
-        self.step_fn, self.steps, self.replays = runner._decode_step, {}, 0
-        for size in self.sizes:
-            self.steps[size] = runner.inputs.build([], graph_size=size)
-
-    def replay(self, size: int):
-        self.replays += 1
-        step = self.steps[size]
-        step.metadata.plan_cache.clear()
-        with set_forward_context(step.metadata):
-            return self.step_fn(step)
+def eager_graphs(runner) -> StepGraphs:
+    """The runner's graphs on a CPU: StepGraphs(capture=False), whose every replay runs the runner's graph step on
+    the padded inputs staged for it, as a replay does (no CUDA graph: the runner's staging and in-graph sampling
+    run as they do on a GPU)."""
+    return runner.step_graphs(capture=False)
 
 
 def cpu_sampling_steps(monkeypatch) -> list[bool]:
@@ -46,7 +31,7 @@ def cpu_sampling_steps(monkeypatch) -> list[bool]:
     execute, sample = model_runner_module.ModelRunner.execute, model_runner_module.sample
 
     def spy_execute(self, batch):
-        in_graph[0] = self._graph_size(batch) is not None
+        in_graph[0] = self.graph_shape(batch) is not None
         return execute(self, batch)
 
     def spy_sample(*args, **kwargs):

@@ -89,7 +89,7 @@ def test_one_token_chunks_in_graph_steps_match_hf(checkpoint_factory, monkeypatc
     execute = model_runner_module.ModelRunner.execute
 
     def spy(self, batch):
-        steps.append((self._graph_size(batch) is not None, all(s.completes for s in batch)))
+        steps.append((self.graph_shape(batch) is not None, all(s.completes for s in batch)))
         return execute(self, batch)
 
     monkeypatch.setattr(model_runner_module.ModelRunner, "execute", spy)

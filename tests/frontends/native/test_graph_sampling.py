@@ -1,4 +1,4 @@
-"""Sampling inside decode graph steps, on a CPU: the runner's graphs replaced by EagerGraphs (the same decode step on
+"""Sampling inside graph steps, on a CPU: the runner's graphs replaced by eager_graphs (the same padded step on
 the same staged buffers, run eagerly), so the choice of graph sampling, the staging of temperatures and Philox keys
 and the sample_tokens op (its torch reference here) run as on a GPU. test_gpu_graph_sampling.py: real CUDA graphs.
 - a temperature-1 batch decodes in graph steps with no CPU sampling, and its tokens follow softmax(logits / t)
@@ -20,20 +20,20 @@ from tests.broken_ops import broken
 from tests.frontends.native.graph_sampling import (
     PROMPTS,
     Z_LIMIT,
-    EagerGraphs,
     check_engine_seed_reproduces_draws,
     check_greedy_rows_beside_temperature_rows,
     cpu_sampling_steps,
     decode,
     distribution_stats,
+    eager_graphs,
 )
 
 
 def engine(path, seed=0, overlap=False) -> LLM:
     llm = LLM(path, num_kv_blocks=256, block_size=16, max_num_seqs=64, seed=seed, overlap_scheduling=overlap)
     runner = llm.engine.runner
-    assert runner.graphs is None  # a CPU: no CUDA graphs, EagerGraphs stands in
-    runner.graphs = EagerGraphs(runner)
+    assert runner.graphs is None  # a CPU: no CUDA graphs, the same steps replayed eagerly stand in
+    runner.graphs = eager_graphs(runner)
     return llm
 
 
@@ -48,7 +48,7 @@ def test_temperature_batch_samples_in_graph_steps_with_the_right_distribution(pa
     llm = engine(path, overlap=overlap)
     outs = decode(llm, temperature)
     assert llm.engine.runner.graphs.replays > 0
-    assert cpu and not any(cpu), "the CPU sampled in a graph step"  # it did for the prefill steps only
+    assert not any(cpu), "the CPU sampled in a graph step"  # prefill steps are graph steps too: no CPU sampling
     chi2, threshold, z = distribution_stats(path, outs, temperature, "cpu")
     assert chi2 < threshold and abs(z) < Z_LIMIT, (chi2, threshold, z)
 
@@ -74,7 +74,7 @@ def test_seeded_request_is_sampled_by_the_cpu_and_batch_independent(path, monkey
     llm = engine(path)
     seeded = SamplingParams(temperature=1.0, max_tokens=16, seed=42, ignore_eos=True)
     alone = llm.generate(PROMPTS[3:4], seeded, use_tqdm=False)[0].outputs[0].token_ids
-    assert cpu and all(cpu[1:])  # its decode steps ran as graphs and the CPU sampled
+    assert cpu and all(cpu)  # its steps (prefill and decodes) ran as graphs and the CPU sampled
     plain = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True)
     batch = llm.generate(PROMPTS[:8], [plain] * 3 + [seeded] + [plain] * 4, use_tqdm=False)
     assert batch[3].outputs[0].token_ids == alone

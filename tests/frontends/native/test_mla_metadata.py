@@ -1,7 +1,7 @@
 """The native MLA decode metadata (kv_indptr / kv_indices, refilled in persistent buffers by the InputBuilder) on
 the CPU reference path: against the contract written out with Python lists from the scheduled requests' block
 ids, and against a rebuild in fresh tensors, over many steps of changing batch sizes, mixed query lengths and
-padded CUDA-graph steps; max_query_len; the persistent_mla_decode_metadata switch."""
+padded CUDA-graph steps (decode and mixed shapes); max_query_len; the persistent_mla_decode_metadata switch."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import torch
 from transformers import DeepseekV3Config, Qwen3Config
 
 from atom_core.config import AtomConfig
-from atom_frontends.native.inputs import InputBuilder
+from atom_frontends.native.graph_shapes import GraphShape, decode_shape, mixed_shape
+from atom_frontends.native.inputs import InputBuilder, pad_lengths
 from atom_frontends.native.request import Request
 from atom_frontends.native.sampling_params import SamplingParams
 from atom_frontends.native.scheduler import Scheduled
@@ -46,19 +47,22 @@ def random_batch(rng: random.Random, decode_only: bool) -> list[Scheduled]:
     return batch
 
 
-def contract(batch: list[Scheduled], padded_to: int | None) -> tuple[list[int], list[int]]:
-    """kv_indptr and the live kv_indices: each sequence's first ceil(seq_len / BLOCK) block ids; padding rows of
-    a graph step are one token in block 0."""
+def contract(batch: list[Scheduled], shape: GraphShape | None) -> tuple[list[int], list[int]]:
+    """kv_indptr and the live kv_indices: each sequence's first ceil(seq_len / BLOCK) block ids; the padding
+    sequences of a graph step own the padding tokens, spread evenly, each a context of its own tokens in block 0
+    (a decode shape: one token each)."""
     pages = [s.request.block_ids[: -(-(s.request.num_computed_tokens + s.num_new_tokens) // BLOCK)] for s in batch]
-    pages += [[0]] * ((padded_to or len(batch)) - len(batch))
+    if shape is not None:
+        pad = pad_lengths(shape.tokens - sum(s.num_new_tokens for s in batch), shape.seqs - len(batch))
+        pages += [[0] * -(-int(q) // BLOCK) for q in pad]
     indptr = [0]
     for p in pages:
         indptr.append(indptr[-1] + len(p))
     return indptr, [b for p in pages for b in p]
 
 
-def step_metadata(inputs: InputBuilder, batch, graph_size=None):
-    md = inputs.build(batch, graph_size=graph_size).metadata
+def step_metadata(inputs: InputBuilder, batch, shape=None):
+    md = inputs.build(batch, shape).metadata
     assert md.mla_decode is not None  # made by the builder, for every MLA layer of the step
     return md, md.mla_decode
 
@@ -68,14 +72,19 @@ def test_persistent_buffers_over_many_steps_equal_a_rebuild_and_the_contract():
     inputs = builder()
     ptrs = {inputs.mla_buffers.kv_indptr.data_ptr(), inputs.mla_buffers.kv_indices.data_ptr()}
     sizes = set()
-    for step in range(60):
-        graph = step % 3 == 2  # a decode-only step padded to a captured size
-        batch = random_batch(rng, decode_only=graph)
-        size = rng.randint(len(batch), MAX_SEQS) if graph else None
-        md, meta = step_metadata(inputs, batch, size)
-        sizes.add((len(batch), size))
+    for step in range(90):
+        kind = step % 3  # 0: eager, 1: padded to a mixed (token-count) shape, 2: a decode step padded to a size
+        batch = random_batch(rng, decode_only=kind == 2)
+        n_tok = sum(s.num_new_tokens for s in batch)
+        shape = None
+        if kind == 1:
+            shape = mixed_shape(rng.randint(n_tok, 128), MAX_SEQS, MAX_LEN)
+        elif kind == 2:
+            shape = decode_shape(rng.randint(len(batch), MAX_SEQS))
+        md, meta = step_metadata(inputs, batch, shape)
+        sizes.add((len(batch), shape))
         assert {meta.kv_indptr.data_ptr(), meta.kv_indices.data_ptr()} == ptrs  # refilled in place
-        indptr, indices = contract(batch, size)
+        indptr, indices = contract(batch, shape)
         assert meta.kv_indptr.tolist() == indptr
         assert meta.kv_indices[: len(indices)].tolist() == indices
         fresh = mla_decode_metadata(md.block_tables, md.seq_lens, BLOCK)  # rebuilt in new tensors
