@@ -124,7 +124,7 @@ class ModelRunner:
         self.prev_tokens.copy_(self.tokens)
         self.resolve_pending(step.input_ids, self.prev_tokens)
         hidden = self.model(step.input_ids, step.metadata.positions)
-        logits = self.model.compute_logits(hidden[step.logits_indices])
+        logits = self.model.compute_logits(hidden.index_select(0, step.logits_indices))
         self.tokens[: len(logits)] = atom_kernels.sample_tokens(logits, step.temperature, step.seeds)
         return hidden, logits
 
