@@ -176,3 +176,13 @@ def test_canary_padding_given_a_real_slot_is_caught(checkpoint_factory, monkeypa
     llm, _ = engine(checkpoint_factory("LlamaForCausalLM"), monkeypatch)
     with pytest.raises(AssertionError, match="wrote a slot no real token owns|differs from the eager"):
         run(llm, random_prompts([5, 9, 3], seed=11))
+
+
+def test_budget_above_max_model_len_pads_over_several_sequences(checkpoint_factory, monkeypatch):
+    """A step budget (64) above max_model_len (24): a padding sequence holds at most max_model_len tokens, so the
+    64-token shape has ceil(64 / 24) = 3 sequences more than its 8 real ones could need."""
+    path = checkpoint_factory("LlamaForCausalLM")
+    llm, twin = engine(path, monkeypatch, max_model_len=24)
+    prompts = random_prompts([17, 9, 12, 6], seed=12)
+    assert run(llm, prompts) == hf_greedy(path, prompts, GREEDY.max_tokens)
+    assert (64, 11, 8) in {shape for shape, *_ in twin.seen}
