@@ -171,10 +171,11 @@ def test_prefix_cache_hits_in_padded_steps(checkpoint_factory, monkeypatch):
 
 
 def test_canary_padding_given_a_real_slot_is_caught(checkpoint_factory, monkeypatch):
-    """Break it on purpose: padding tokens write slot 0 (block 0, which holds a real token's K/V or none)."""
+    """Break it on purpose: padding tokens write slot 0 (block 0: a real token's K/V, which the real rows then read
+    wrong, or a slot no one owns)."""
     monkeypatch.setattr(inputs_module, "PAD_SLOT", 0)
     llm, _ = engine(checkpoint_factory("LlamaForCausalLM"), monkeypatch)
-    with pytest.raises(AssertionError, match="wrote a slot no real token owns|differs from the eager"):
+    with pytest.raises(AssertionError, match="not close|wrote a slot no real token owns|differs from the eager"):
         run(llm, random_prompts([5, 9, 3], seed=11))
 
 
