@@ -3,8 +3,10 @@ kernels), then batches that meet every attention shape class serving meets (prom
 prefills next to decodes, prefix-cache hits over cached prefixes of any length, long decodes), under a watch
 of Triton's compilations. Prints {"compiles": n, "seconds": s, "kernels": [names]} as its last line.
 
-    python -m tests.frontends.native.jit_after_warmup CHECKPOINT ARCH [--no-warmup]
-(--no-warmup: the engine skips its warm-up: the canary that the watch sees what warm-up prevents)
+    python -m tests.frontends.native.jit_after_warmup CHECKPOINT [--no-warmup] [--decode-graphs-only]
+(--no-warmup: the engine skips its warm-up: the canary that the watch sees what warm-up prevents;
+--decode-graphs-only: steps with prompt tokens run eagerly, as without mixed_cuda_graphs: with every step a CUDA graph,
+capture itself compiles each variant and serving can compile nothing, so the canary needs eager steps)
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ def main() -> None:
     if "--no-warmup" in sys.argv:
         model_runner.warm_up = lambda *args, **kwargs: 0
     llm = LLM(path, dtype="bfloat16", max_model_len=1024, max_num_batched_tokens=96, max_num_seqs=8,
-              num_kv_blocks=512, enable_prefix_caching=True)
+              num_kv_blocks=512, enable_prefix_caching=True, mixed_cuda_graphs="--decode-graphs-only" not in sys.argv)
     # Everything below compiles only what no warm-up covered; the graphs' decode variants were made at capture.
     base = random_prompts([300], seed=3)[0]
     shared = [base[:n] + tail for n, tail in zip((16, 40, 77, 150, 290), random_prompts([5, 33, 2, 60, 9], seed=4))]

@@ -1,7 +1,8 @@
 """No Triton compilation inside serving steps on the GPU: the native engine warms its attention and MoE kernels
 at start-up (atom_core.layers.kernel_warmup), so prompts of any length, chunked prefills, prefix-cache hits and
-long decodes meet only compiled variants. Each run is a fresh process (Triton's in-process cache would hide a
-miss); the canary skips the warm-up and must see compilations."""
+long decodes meet only compiled variants, with CUDA graphs for every step and with steps that carry prompt tokens
+run eagerly. Each run is a fresh process (Triton's in-process cache would hide a miss); the canary skips the warm-up
+with eager prompt steps and must see compilations (with every step a graph, capture compiles each variant itself)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ def _compiles(path, tmp_path, *flags: str) -> dict:
 @pytest.mark.parametrize("arch", ["Qwen3ForCausalLM", "DeepseekV3ForCausalLM"])
 def test_no_compilation_after_warm_up(checkpoint_factory, tmp_path, arch):
     path = checkpoint_factory(arch, max_position_embeddings=2048)
-    assert _compiles(path, tmp_path / "canary", "--no-warmup")["compiles"] > 0, \
-        "without warm-up the serving steps compiled nothing: the check cannot fail"
-    result = _compiles(path, tmp_path / "warm")
-    assert result["compiles"] == 0, f"Triton compiled {result} inside serving steps after the warm-up"
+    assert _compiles(path, tmp_path / "canary", "--no-warmup", "--decode-graphs-only")["compiles"] > 0, \
+        "without warm-up the eager serving steps compiled nothing: the check cannot fail"
+    for flags in ((), ("--decode-graphs-only",)):
+        result = _compiles(path, tmp_path / "-".join(("warm", *flags)), *flags)
+        assert result["compiles"] == 0, f"Triton compiled {result} inside serving steps after the warm-up ({flags})"
