@@ -92,6 +92,9 @@ def gemv_checks() -> None:
     scale = torch.rand(24, 5) / 100 + 1e-3
     got = fp8_gemv(x, wq, scale, 16, None, splits=2, per=3)
     torch.testing.assert_close(got, reference(x, wq, scale, 16, 16), rtol=1e-5, atol=1e-5)
+    from atom_kernels.triton.fp8_gemv import _counters
+
+    assert not _counters(x.device).any()  # every split-K launch left its counters zeroed for the next one
     print("gemv checks passed")
 
 
