@@ -32,6 +32,8 @@ bf16's 0.83, most of it launches.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
