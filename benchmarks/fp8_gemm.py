@@ -50,7 +50,7 @@ from atom_kernels import dispatch
 from atom_kernels.reference.fp8 import fp8_dequantize, fp8_quantize
 from atom_kernels.triton.attention.decode import num_sms
 from atom_kernels.triton.fp8_gemv import GEMV_MAX_M, gemv_config
-from atom_kernels.triton.fp8_linear import gemm, gemm_tiles
+from atom_kernels.triton.fp8_linear import gemm, gemm_tiles, tma_loads
 from atom_kernels.triton.fp8_quant import fp8_quantize_rows
 
 SHAPES = {  # layer → (N, K)
@@ -60,10 +60,10 @@ SHAPES = {  # layer → (N, K)
                       "expert down": (2048, 768)},
 }
 ROWS = (1, 32, 256, 4096)
-# --sweep's tile candidates (BLOCK_M, BLOCK_N, warps, stages, GROUP_M) and default layers: the largest DeepSeek-V3
-# GEMMs and a Qwen3-30B-A3B attention projection
-SWEEP = [(bm, bn, w, st, g) for bm in (64, 128) for bn in (64, 128, 256) for w in (4, 8) for st in (3, 4)
-         for g in (1, 8) if not (bm == 128 and bn == 256 and st == 4)]  # 192 KB of stages: over the SM's budget
+# --sweep's tile candidates (BLOCK_M, BLOCK_N, warps, stages, GROUP_M), each with TMA and with pointer loads, and
+# default layers: the largest DeepSeek-V3 GEMMs and a Qwen3-30B-A3B attention projection
+SWEEP = [(bm, bn, w, st, 8) for bm in (64, 128) for bn in (64, 128, 256) for w in (4, 8) for st in (3, 4)
+         if not (bm == 128 and bn == 256 and st == 4)]  # 192 KB of stages: over the SM's budget
 SWEEP_LAYERS = ("dsv3 mlp gate_up", "dsv3 o", "qwen3-30b-a3b qkv")
 ROUNDS, REPS = 3, 10
 TOL = 3e-2
@@ -140,26 +140,28 @@ def ours_path(m: int, n: int, k: int) -> str:
     """Which of atom_kernels.fp8_linear's kernels (and launch parameters) runs this shape on this GPU."""
     sms = num_sms(torch.device("cuda"))
     if m > GEMV_MAX_M:
-        return f"tile GEMM (BLOCK_M, BLOCK_N, warps, stages, GROUP_M) = {gemm_tiles(m, n, sms)}"
+        return f"tile GEMM (BLOCK_M, BLOCK_N, warps, stages, GROUP_M) = {gemm_tiles(m, n, sms)}, TMA loads"
     c = gemv_config(m, n, -(-k // BLOCK), sms)
     return (f"GEMV, BLOCK_N {c['BLOCK_N']}, BLOCK_M {c['BLOCK_M']}, split-K {c['splits']} x {c['per']} blocks")
 
 
 def sweep(say, n: int, k: int, m: int) -> None:
-    """Ours' tile GEMM on one shape under every SWEEP candidate (and GEMM_TILES' choice), fastest first."""
+    """Ours' tile GEMM on one shape under every SWEEP candidate, TMA loads and pointer loads (and GEMM_TILES'
+    choice), fastest first."""
     g = torch.Generator(device="cuda").manual_seed(m + n + k)
     wq, ws = block_quantize(torch.randn(n, k, device="cuda", generator=g) * k**-0.5)
     ws_rows = rows_layout(ws, n)
     x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
-    chosen = gemm_tiles(m, n, num_sms(torch.device("cuda")))
-    fns = {tiles: functools.partial(gemm, x, wq, ws_rows, BLOCK, None, tiles) for tiles in {*SWEEP, chosen}}
+    chosen = (gemm_tiles(m, n, num_sms(torch.device("cuda"))), tma_loads(wq))
+    fns = {(tiles, tma): functools.partial(gemm, x, wq, ws_rows, BLOCK, None, tiles, tma)
+           for tiles in {*SWEEP, chosen[0]} for tma in (False, True)}
     times, failed = gpu_times(fns, ROUNDS, REPS)
-    ranked = sorted((summary(t, ROUNDS)[0], tiles) for tiles, t in times.items())
+    ranked = sorted((summary(t, ROUNDS)[0], key) for key, t in times.items())
     flops = 2 * m * n * k
-    for med, tiles in ranked[:8]:
-        say(f"  {tiles}  {med * 1e3:9.1f} us  {flops / med / 1e9:7.1f} TFLOP/s" + ("  (GEMM_TILES)" if tiles == chosen
-                                                                               else ""))
-    if chosen in times and chosen not in [t for _, t in ranked[:8]]:
+    for med, (tiles, tma) in ranked[:8]:
+        say(f"  {tiles} {'TMA' if tma else 'ptr'}  {med * 1e3:9.1f} us  {flops / med / 1e9:7.1f} TFLOP/s"
+            + ("  (GEMM_TILES)" if (tiles, tma) == chosen else ""))
+    if chosen in times and chosen not in [key for _, key in ranked[:8]]:
         say(f"  GEMM_TILES' {chosen}: {summary(times[chosen], ROUNDS)[0] * 1e3:.1f} us")
     if failed:
         say(f"  {len(failed)} candidates failed, e.g. {next(iter(failed.values()))}")

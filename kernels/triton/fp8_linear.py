@@ -18,8 +18,12 @@ torch library op, opaque to it. Tested against it under Triton's CPU interpreter
 
 from __future__ import annotations
 
+import functools
+
+import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from atom_kernels.reference import fp8 as reference
 from atom_kernels.triton._utils import check, pdl, pdl_prologue
@@ -31,10 +35,12 @@ from atom_kernels.triton.fp8_quant import fp8_quantize_rows, has_fp8_dot
 @triton.jit
 def _block_scaled_gemm(xq_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, KB, BLOCK_M: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, FP8_DOT: tl.constexpr,
-                       HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
+                       TMA: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
     pdl_prologue(PDL)
     # grid (cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N),); xq [M, K], w [N, K] e4m3 (K-contiguous); xs [M, KB], ws [N, KB] fp32;
     # b [N] (HAS_BIAS); y [M, N] in the model dtype, rounded once after the float32 bias add as the reference does.
+    # TMA: xq_ptr / w_ptr are tensor descriptors of [BLOCK_M, BLOCK_K] / [BLOCK_N, BLOCK_K] boxes (the copy engine
+    # fills rows and columns past the tensor with zeros), else plain pointers with masked loads.
     # Programs in groups of GROUP_M row tiles, row tile fastest inside a group: the programs running together share
     # a few weight column tiles and GROUP_M activation row tiles in L2 (GROUP_M >= the row tiles: row tile fastest).
     pid, num_m, num_n = tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
@@ -47,9 +53,13 @@ def _block_scaled_gemm(xq_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, KB,
     rk = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for b in range(0, KB):
-        kk = b * BLOCK_K + rk
-        a = tl.load(xq_ptr + rm[:, None] * K + kk[None, :], mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
-        w = tl.load(w_ptr + rn[:, None] * K + kk[None, :], mask=(rn[:, None] < N) & (kk[None, :] < K), other=0.0)
+        if TMA:
+            a = xq_ptr.load([pid_m * BLOCK_M, b * BLOCK_K])
+            w = w_ptr.load([pid_n * BLOCK_N, b * BLOCK_K])
+        else:
+            kk = b * BLOCK_K + rk
+            a = tl.load(xq_ptr + rm[:, None] * K + kk[None, :], mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
+            w = tl.load(w_ptr + rn[:, None] * K + kk[None, :], mask=(rn[:, None] < N) & (kk[None, :] < K), other=0.0)
         if FP8_DOT:
             part = tl.dot(a, tl.trans(w), out_dtype=tl.float32)
         else:
@@ -105,15 +115,33 @@ def fp8_linear(x, weight, weight_scale, block_k, act_group, input_scale=None, bi
     return y.reshape(*x.shape[:-1], n)
 
 
-def gemm(x, weight, weight_scale, block_k, bias, tiles=None):
-    """x [M, K] contiguous → [M, N] in x's dtype through the tile kernel; tiles: gemm_tiles' answer by default."""
+def tma_loads(weight: torch.Tensor) -> bool:
+    """Whether the tile kernel loads through the copy engine (TMA): NVIDIA sm_90+ (and the interpreter), with the
+    16-byte aligned rows and base a descriptor needs (K % 16 == 0 for e4m3)."""
+    aligned = weight.shape[1] % 16 == 0 and weight.data_ptr() % 16 == 0
+    return aligned and (weight.device.type == "cpu" or _has_tma(weight.device.index))
+
+
+@functools.cache
+def _has_tma(index: int | None) -> bool:
+    return torch.version.hip is None and torch.cuda.get_device_capability(index) >= (9, 0)
+
+
+def gemm(x, weight, weight_scale, block_k, bias, tiles=None, tma=None):
+    """x [M, K] contiguous → [M, N] in x's dtype through the tile kernel; tiles: gemm_tiles' answer by default;
+    tma: tma_loads' answer by default."""
     (m, k), n = x.shape, weight.shape[0]
     xq, xs = fp8_quantize_rows(x, block_k)
     y = x.new_empty((m, n))
     block_m, block_n, warps, stages, group_m = tiles or gemm_tiles(m, n, num_sms(x.device))
+    tma = tma_loads(weight) if tma is None else tma
+    a, w = xq, weight
+    if tma:
+        a = TensorDescriptor.from_tensor(xq, [block_m, block_k])
+        w = TensorDescriptor.from_tensor(weight, [block_n, block_k])
     grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n),)
-    _block_scaled_gemm[grid](xq, xs, weight, weight_scale, weight if bias is None else bias, y, m, n, k, xs.shape[1],
+    _block_scaled_gemm[grid](a, xs, w, weight_scale, weight if bias is None else bias, y, m, n, k, xs.shape[1],
                              BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m,
-                             FP8_DOT=block_k >= 32 and has_fp8_dot(x.device), HAS_BIAS=bias is not None,
+                             FP8_DOT=block_k >= 32 and has_fp8_dot(x.device), TMA=tma, HAS_BIAS=bias is not None,
                              num_warps=warps, num_stages=stages, **pdl(x.device))
     return y

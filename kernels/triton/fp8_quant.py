@@ -24,6 +24,7 @@ from atom_kernels.triton._utils import check, pdl, pdl_prologue
 
 FP8_MAX = tl.constexpr(448.0)
 MIN_SCALE_AMAX = tl.constexpr(1e-10)  # as the reference: an all-zero group gets a tiny scale
+QUANT_TILE = 4096  # elements a quantization program holds: 32 rows of a 128-column group (16 fp32 a thread at 4 warps)
 
 
 @triton.jit
@@ -59,23 +60,32 @@ def fake_quant_rows(x):
 
 
 @triton.jit
-def _quantize_kernel(x_ptr, q_ptr, s_ptr, K, G, GROUP, sx, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    # grid (rows, G): x [rows, K] (row stride sx) → q [rows, K] e4m3, s [rows, G] fp32; group g covers columns
-    # [g * GROUP, min((g + 1) * GROUP, K)), walked BLOCK at a time: amax first, then the quantization.
+def _quantize_kernel(x_ptr, q_ptr, s_ptr, M, K, G, GROUP, sx, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+                     PDL: tl.constexpr):
+    # grid (cdiv(M, ROWS), G): x [M, K] (row stride sx) → q [M, K] e4m3, s [M, G] fp32. A program owns ROWS rows of
+    # group g, columns [g * GROUP, min((g + 1) * GROUP, K)), walked BLOCK at a time: amax first, then the
+    # quantization (a group within one BLOCK is read from DRAM once; the second read hits L1/L2). ROWS rows per program,
+    # not one: a 128-column group is 256 bytes, too little work for a program at M = 4096.
     pdl_prologue(PDL)
-    row, g = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    g = tl.program_id(1)
     start = g * GROUP
     end = tl.minimum(start + GROUP, K)
-    amax = tl.zeros([BLOCK], tl.float32)
+    row_ok, rows = rows < M, rows.to(tl.int64)
+    amax = tl.zeros([ROWS, BLOCK], tl.float32)
     for k0 in range(start, end, BLOCK):
         k = k0 + tl.arange(0, BLOCK)
-        amax = tl.maximum(amax, tl.abs(tl.load(x_ptr + row * sx + k, mask=k < end, other=0.0).to(tl.float32)))
-    scale = group_scale(tl.max(amax, axis=0))
+        mask = row_ok[:, None] & (k < end)[None, :]
+        x = tl.load(x_ptr + rows[:, None] * sx + k[None, :], mask=mask, other=0.0).to(tl.float32)
+        amax = tl.maximum(amax, tl.abs(x))
+    scale = group_scale(tl.max(amax, axis=1))  # [ROWS]
     for k0 in range(start, end, BLOCK):
         k = k0 + tl.arange(0, BLOCK)
-        x = tl.load(x_ptr + row * sx + k, mask=k < end, other=0.0).to(tl.float32)
-        tl.store(q_ptr + row * K + k, quantize_values(x, scale).to(q_ptr.dtype.element_ty), mask=k < end)
-    tl.store(s_ptr + row * G + g, scale)
+        mask = row_ok[:, None] & (k < end)[None, :]
+        x = tl.load(x_ptr + rows[:, None] * sx + k[None, :], mask=mask, other=0.0).to(tl.float32)
+        tl.store(q_ptr + rows[:, None] * K + k[None, :], quantize_values(x, scale[:, None]).to(q_ptr.dtype.element_ty),
+                 mask=mask)
+    tl.store(s_ptr + rows * G + g, scale, mask=row_ok)
 
 
 def has_fp8_dot(device: torch.device) -> bool:
@@ -104,8 +114,9 @@ def fp8_quantize_rows(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.
     scale = torch.empty(m, g, dtype=torch.float32, device=x.device)
     if m and k:
         block = min(triton.next_power_of_2(min(group, k)), 2048)
-        _quantize_kernel[(m, g)](x, q, scale, k, g, group, x.stride(0), BLOCK=block, num_warps=4 if block > 256 else 1,
-                                 **pdl(x.device))
+        rows = min(triton.next_power_of_2(m), max(1, QUANT_TILE // block))
+        _quantize_kernel[(triton.cdiv(m, rows), g)](x, q, scale, m, k, g, group, x.stride(0), ROWS=rows, BLOCK=block,
+                                                     num_warps=4 if rows * block > 256 else 1, **pdl(x.device))
     return q, scale
 
 

@@ -3,8 +3,8 @@ matmul in float32) under Triton's CPU interpreter (CI has no GPU): partial K blo
 tiles, bias, bf16 and float32 inputs; shapes outside the kernel (per-channel scales, a static input scale) take the
 reference; the tile kernel's program groups (GROUP_M). The small-M GEMV (fp8_gemv.py): split-K on and off at M = 1, 2,
 5, 16, 17 and through fp8_linear at M up to 33, with canaries (a neighbouring scale block, in K or in N, must fail).
-Marked gpu: DeepSeek-V3 and Qwen3-30B-A3B linear shapes (benchmarks/fp8_gemm.py's) at M = 1, 8, 32 (the GEMV) and
-256 (the tile kernel), bf16."""
+Marked gpu: DeepSeek-V3 and Qwen3-30B-A3B linear shapes (benchmarks/fp8_gemm.py's) at M = 1, 8, 32 (the GEMV), 256
+and 4096 (the tile kernel), bf16; the tile kernel's TMA and pointer loads."""
 
 from __future__ import annotations
 
@@ -37,12 +37,14 @@ def interpreter_checks() -> None:
         assert not torch.allclose(shifted.float(), want.float(), rtol=tol, atol=tol)
     from atom_kernels.triton.fp8_linear import gemm
 
-    x, wq = torch.randn(50, 300), torch.randn(70, 300).to(torch.float8_e4m3fn)  # 4 x 3 tiles of 16 x 32
+    # 4 x 3 tiles of 16 x 32, a partial last K block; K = 304: TMA boxes (16-byte rows) or masked pointer loads
+    x, wq = torch.randn(50, 304), torch.randn(70, 304).to(torch.float8_e4m3fn)
     scale = torch.rand(70, 3) / 100 + 1e-3
     want = reference(x, wq, scale, 128, 128)
-    for group_m in (1, 3, 8):  # program groups of 1 row tile, 3 (the last group partial), all 4
-        torch.testing.assert_close(gemm(x, wq, scale, 128, None, (16, 32, 4, 1, group_m)), want, rtol=1e-5, atol=1e-5)
-        assert not _close(gemm(x, wq, scale.roll(1, 0), 128, None, (16, 32, 4, 1, group_m)), want, 1e-5)
+    for group_m, tma in ((1, True), (3, False), (3, True), (8, True)):  # groups of 1, 3 (the last partial), all 4
+        tiles = (16, 32, 4, 1, group_m)
+        torch.testing.assert_close(gemm(x, wq, scale, 128, None, tiles, tma), want, rtol=1e-5, atol=1e-5)
+        assert not _close(gemm(x, wq, scale.roll(1, 0), 128, None, tiles, tma), want, 1e-5)
     per_channel = torch.rand(64, 1)
     x, wq = torch.randn(3, 96), torch.randn(64, 96).to(torch.float8_e4m3fn)
     torch.testing.assert_close(fp8_linear(x, wq, per_channel, 96, 96), reference(x, wq, per_channel, 96, 96))
@@ -92,6 +94,9 @@ def gemv_checks() -> None:
     scale = torch.rand(24, 5) / 100 + 1e-3
     got = fp8_gemv(x, wq, scale, 16, None, splits=2, per=3)
     torch.testing.assert_close(got, reference(x, wq, scale, 16, 16), rtol=1e-5, atol=1e-5)
+    from atom_kernels.triton.fp8_gemv import _counters
+
+    assert not _counters(x.device).any()  # every split-K launch left its counters zeroed for the next one
     print("gemv checks passed")
 
 
@@ -144,7 +149,7 @@ def _assert_matches(got, want) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [1, 8, 32, 256])
+@pytest.mark.parametrize("m", [1, 8, 32, 256, 4096])
 @pytest.mark.parametrize("layer", list(SHAPES))
 def test_fp8_linear_model_shapes_on_gpu(layer, m):
     import torch
@@ -155,6 +160,18 @@ def test_fp8_linear_model_shapes_on_gpu(layer, m):
     x, wq, scale, want = _gpu_case(m, n, k)
     _assert_matches(fp8_linear(x, wq, scale, 128, 128), want)
     torch.cuda.synchronize()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tma", [False, True])
+def test_fp8_tile_gemm_load_paths_on_gpu(tma):
+    """The tile kernel's TMA loads and its masked pointer loads (K not a multiple of 16 takes them), partial tiles."""
+    from atom_kernels.triton.fp8_linear import gemm
+
+    x, wq, scale, want = _gpu_case(300, 2112, 7168)
+    _assert_matches(gemm(x, wq, scale, 128, None, tma=tma), want)
+    with pytest.raises(AssertionError):
+        _assert_matches(gemm(x, wq, scale.roll(1, 1), 128, None, tma=tma), want)
 
 
 @pytest.mark.gpu

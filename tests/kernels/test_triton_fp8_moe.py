@@ -262,7 +262,8 @@ def check_quantize_op() -> None:
 
 def interpreter_checks() -> None:
     """The GPU tests' checks at tiny shapes on CPU tensors (run with TRITON_INTERPRET=1)."""
-    for m, k, group, dtype in ((3, 300, 128, F32), (2, 40, 16, BF16), (2, 70, 4096, F16)):
+    for m, k, group, dtype in ((3, 300, 128, F32), (2, 40, 16, BF16), (2, 70, 4096, F16), (70, 300, 128, BF16),
+                              (3, 5000, 4096, F32)):  # 70 rows: 3 programs of 32; 4096: two 2048 chunks
         check_quantize(m, k, group, dtype)
     check_quantize_op()
     # decode GEMVs: weights only; the activation quantized in the tile (group == BLOCK_K) or first (per token);
