@@ -74,13 +74,13 @@ def _block_scaled_gemm(xq_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, KB,
 
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages, GROUP_M) by M bucket, first match (M <= GEMV_MAX_M takes fp8_gemv.py).
-# BLOCK_K is the scale block (128), so a stage is (BLOCK_M + BLOCK_N) * 128 bytes of e4m3: 16 KB at 64 x 64, 32 KB at
-# 128 x 128 (3 stages: 96 KB of an H200 SM's 228 KB). Hopper's wgmma takes 64 rows per warpgroup: BLOCK_M 64 with 4
-# warps, 128 with 8. Small M wants narrow N tiles so the grid still covers 132 SMs (M = 256, N = 2048: 4 x 32 programs
-# at BLOCK_N 64); large M wants 128 x 128 for reuse (each e4m3 byte loaded feeds 128 MMAs' worth of columns). Untuned
-# starting points: on the H200 they reach 165-190 TFLOP/s at M = 4096, 0.30x torch's scaled_mm
-# (benchmarks/results/fp8_gemm-2026-11-29-NVIDIA-H200.txt); `benchmarks/fp8_gemm.py --sweep` times the candidates.
-GEMM_TILES = ((64, (64, 64, 4, 4, 8)), (256, (64, 128, 4, 3, 8)), (None, (128, 128, 8, 3, 8)))
+# BLOCK_K is the scale block (128), so a stage is (BLOCK_M + BLOCK_N) * 128 bytes of e4m3: 24 KB at 64 x 128, four
+# stages 96 KB of an H200 SM's 228 KB (two programs an SM). One warpgroup (4 warps) owns a 64 x 128 tile; BLOCK_N is
+# halved while the grid is under one program an SM. Chosen by `benchmarks/fp8_gemm.py --sweep` on the H200 (TMA loads,
+# 2026-11-29, benchmarks/results/fp8_gemm-2026-11-29-NVIDIA-H200-tma.txt): 64 x 128, 4 warps, 4 stages was the fastest
+# on DeepSeek-V3's gate_up at M = 4096 (629 TFLOP/s against 556 for 128 x 128 with 8 warps) and o at M = 256 (123 us
+# against 165), within 7% of the fastest on Qwen3-30B-A3B's qkv at 256 and 4096.
+GEMM_TILES = ((64, (64, 64, 4, 4, 8)), (None, (64, 128, 4, 4, 8)))
 
 
 def gemm_tiles(m: int, n: int, sms: int) -> tuple[int, int, int, int, int]:
