@@ -8,11 +8,13 @@ GPU both run in this Python (the carried vLLM on PYTHONPATH, ../shared/gpu_vllm)
 one server at a time. For each request rate of --rates (Poisson arrivals; inf: all at once), vLLM's benchmark sends
 the same --num-prompts streamed /v1/completions requests (random prompts of --input-len tokens, --output-len new
 tokens, EOS ignored, greedy) after a warm-up, and reports request throughput, output tokens/s, time to first token
-and inter-token latency (p50, p99). The ratios atom-core / vLLM are printed last (output tok/s: higher is better;
+and inter-token latency (p10/p50/p99, p50/p99); meanwhile the server's /metrics tell how many sequences its engine
+ran and queued (mean while busy, max). The ratios atom-core / vLLM are printed last (output tok/s: higher is better;
 TTFT p50: lower is better).
 
     python benchmarks/serve.py [--vllm-python PYTHON] [--model DIR | --shape qwen3-0.6b] [--dtype D] [--rates R,...]
-        [--num-prompts N] [--input-len N] [--output-len N] [--max-num-seqs N] [--atom-flags=FLAGS]
+        [--num-prompts N] [--input-len N] [--output-len N] [--max-num-seqs N] [--max-num-batched-tokens N]
+        [--atom-flags=FLAGS] [--keep DIR]
     CPU defaults: .nox/vllm/bin/python, float32, rates 0.5,1,2,inf, 24 prompts, 128 in / 32 out, 32 seqs;
     GPU defaults: this python, bfloat16, rates 8,32,128,inf, 512 prompts, 512 in / 128 out, 256 seqs.
 """
@@ -27,6 +29,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 
@@ -40,8 +43,10 @@ BENCH = ("import sys; from vllm.utils.argparse_utils import FlexibleArgumentPars
          "main(p.parse_args(sys.argv[1:]))")
 NAME = "bench"
 COLUMNS = (("request_throughput", "req/s", 8.2), ("output_throughput", "out tok/s", 10.1),
-           ("p50_ttft_ms", "TTFT p50 ms", 12.1), ("p99_ttft_ms", "TTFT p99 ms", 12.1),
-           ("p50_itl_ms", "ITL p50 ms", 11.1), ("p99_itl_ms", "ITL p99 ms", 11.1))
+           ("p10_ttft_ms", "TTFT p10 ms", 12.1), ("p50_ttft_ms", "TTFT p50 ms", 12.1),
+           ("p99_ttft_ms", "TTFT p99 ms", 12.1), ("p50_itl_ms", "ITL p50 ms", 11.1), ("p99_itl_ms", "ITL p99 ms", 11.1),
+           ("running_mean", "running", 8.1), ("running_max", "max", 5.0), ("waiting_max", "waiting", 8.0))
+POLL_S = 0.1  # /metrics sampling period during a rate's run
 
 
 def free_port() -> int:
@@ -80,20 +85,57 @@ def stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
+class Occupancy(threading.Thread):
+    """Samples the server's /metrics every POLL_S seconds while a rate runs: sequences running and waiting (both
+    servers export `<prefix>:num_requests_running` / `_waiting`). How full the engine's batch was tells a
+    saturated server from one whose requests wait elsewhere (HTTP, tokenizing, the client)."""
+
+    def __init__(self, port: int) -> None:
+        super().__init__(daemon=True)
+        self.url, self.samples, self.done = f"http://127.0.0.1:{port}/metrics", [], threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(POLL_S):
+            try:
+                with urllib.request.urlopen(self.url, timeout=2) as r:
+                    text = r.read().decode()
+            except OSError:
+                continue
+            gauges = {"running": 0.0, "waiting": 0.0}
+            for line in text.splitlines():
+                name = line.split("{")[0].split(" ")[0]
+                for key in gauges:
+                    if name.endswith(f"num_requests_{key}"):
+                        gauges[key] += float(line.rsplit(" ", 1)[1])
+            self.samples.append(gauges)
+
+    def stop(self) -> dict:
+        self.done.set()
+        self.join()
+        busy = [g for g in self.samples if g["running"] or g["waiting"]] or [{"running": 0.0, "waiting": 0.0}]
+        return {"running_mean": sum(g["running"] for g in busy) / len(busy),
+                "running_max": max(g["running"] for g in busy), "waiting_max": max(g["waiting"] for g in busy)}
+
+
 def bench(args, port: int, rate: str, out_dir: str, label: str) -> dict:
-    """One `vllm bench serve` run at `rate`; its saved result (JSON)."""
+    """One `vllm bench serve` run at `rate`; its saved result (JSON) and the engine's occupancy meanwhile."""
     name = f"{label}-{rate}.json"
     cmd = [args.vllm_python, "-c", BENCH, "--backend", "openai", "--base-url", f"http://127.0.0.1:{port}",
            "--endpoint", "/v1/completions", "--model", NAME, "--tokenizer", args.model,
            "--dataset-name", "random", "--random-input-len", str(args.input_len),
            "--random-output-len", str(args.output_len), "--num-prompts", str(args.num_prompts),
            "--request-rate", rate, "--ignore-eos", "--temperature", "0", "--num-warmups", str(args.warmups),
-           "--percentile-metrics", "ttft,itl,e2el", "--metric-percentiles", "50,99", "--seed", "0",
-           "--save-result", "--result-dir", out_dir, "--result-filename", name, "--disable-tqdm"]
-    subprocess.run(cmd, check=True, cwd=out_dir, stdout=subprocess.DEVNULL,
-                   env={**os.environ, "VLLM_PLUGINS": ""})
+           "--percentile-metrics", "ttft,itl,e2el", "--metric-percentiles", "10,50,99", "--seed", "0",
+           "--save-result", "--save-detailed", "--result-dir", out_dir, "--result-filename", name, "--disable-tqdm"]
+    occupancy = Occupancy(port)
+    occupancy.start()
+    try:
+        subprocess.run(cmd, check=True, cwd=out_dir, stdout=subprocess.DEVNULL,
+                       env={**os.environ, "VLLM_PLUGINS": ""})
+    finally:
+        busy = occupancy.stop()
     with open(os.path.join(out_dir, name)) as f:
-        result = json.load(f)
+        result = {**json.load(f), **busy}
     if result["completed"] != args.num_prompts:
         raise SystemExit(f"{label} at rate {rate}: {result['completed']}/{args.num_prompts} requests completed")
     return result
@@ -111,6 +153,8 @@ def servers(args) -> list[tuple[str, list[str], dict]]:
     """(label, command without the port, environment) of each server."""
     common = ["--served-model-name", NAME, "--dtype", args.dtype, "--max-num-seqs", str(args.max_num_seqs),
               "--max-model-len", str(args.input_len + args.output_len + 64), "--disable-uvicorn-access-log"]
+    if args.max_num_batched_tokens:  # else each server's own default (vLLM's: 8192 on an H100/H200, ours 2048)
+        common += ["--max-num-batched-tokens", str(args.max_num_batched_tokens)]
     vllm_env = {**os.environ, "VLLM_PLUGINS": "", "ATOM_DISABLE_FRONTENDS": "vllm"}
     atom = [sys.executable, "-m", "atom_frontends.native.cli", "serve", "--model", args.model, *common]
     atom += args.atom_flags.split()
@@ -126,7 +170,9 @@ def report(args, results: dict[str, dict[str, dict]]) -> None:
     where = torch.cuda.get_device_name() if args.gpu else f"CPU x{os.cpu_count()}"
     print(f"checkpoint: {args.model} ({args.dtype}), {where}; client: vllm bench serve (openai "
           f"backend, random dataset), {args.num_prompts} requests per rate, prompt {args.input_len} tokens, "
-          f"{args.output_len} new tokens (greedy, EOS ignored), max-num-seqs {args.max_num_seqs}")
+          f"{args.output_len} new tokens (greedy, EOS ignored), max-num-seqs {args.max_num_seqs}, "
+          f"max-num-batched-tokens {args.max_num_batched_tokens or 'each server default'}; running / max / waiting: "
+          f"sequences in the engine's batch and queue (its /metrics every {POLL_S} s while busy)")
     print(f"{'rate req/s':<11}{'server':<17}" + "".join(f"{h:>{int(w)}}" for _, h, w in COLUMNS))
     for rate in args.rates.split(","):
         for label, by_rate in results.items():
@@ -173,6 +219,8 @@ def main() -> None:
     ap.add_argument("--input-len", type=int)
     ap.add_argument("--output-len", type=int)
     ap.add_argument("--max-num-seqs", type=int)
+    ap.add_argument("--max-num-batched-tokens", type=int, help="both servers' step token budget (default: each "
+                    "server's own)")
     ap.add_argument("--atom-flags", default="", help="more `atom-core serve` flags, e.g. "
                     "--atom-flags=--decode-cuda-graphs-only (steps with prefill tokens eager, for an A/B)")
     ap.add_argument("--keep", metavar="DIR", help="keep the servers' logs and vLLM's result files here")

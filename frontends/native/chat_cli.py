@@ -46,13 +46,11 @@ def stream_answer(engine, conversation: list[dict], params, out: TextIO) -> str:
 
 def run_chat(args: argparse.Namespace) -> int:
     from atom_frontends.native import LLM, SamplingParams
+    from atom_frontends.native.cli import engine_kwargs
 
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_tokens=args.max_tokens)
-    llm = LLM(args.model, dtype=args.dtype, max_model_len=args.max_model_len, kv_cache_memory=args.kv_cache_memory,
-              kv_cache_dtype=args.kv_cache_dtype, enforce_eager=args.enforce_eager, seed=args.seed,
-              mixed_cuda_graphs=not args.decode_cuda_graphs_only,
-              load_format=args.load_format)
+    llm = LLM(args.model, **engine_kwargs(args))
     tokenizer = llm.tokenizer
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise ValueError(f"{args.model} has no tokenizer with a chat template: `atom-core chat` needs one "

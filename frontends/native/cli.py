@@ -69,10 +69,7 @@ def _generate(args: argparse.Namespace) -> int:
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_tokens=args.max_tokens)
     resolve_model(args)
-    llm = LLM(args.model, dtype=args.dtype, max_model_len=args.max_model_len, kv_cache_memory=args.kv_cache_memory,
-              kv_cache_dtype=args.kv_cache_dtype, enforce_eager=args.enforce_eager, seed=args.seed,
-              mixed_cuda_graphs=not args.decode_cuda_graphs_only,
-              load_format=args.load_format)
+    llm = LLM(args.model, **engine_kwargs(args))
     prompts = args.prompt or ["What is the capital of France?"]
     # A chat model (its tokenizer has a chat template) gets each prompt as a user message, unless --no-chat.
     chat = not args.no_chat and llm.tokenizer is not None and bool(getattr(llm.tokenizer, "chat_template", None))
@@ -112,6 +109,16 @@ def _non_negative_int(text: str) -> int:
     return int(text)
 
 
+def engine_kwargs(args: argparse.Namespace) -> dict:
+    """The options _add_engine_args defines, as LLM / EngineArgs keywords (unset ones keep EngineArgs' defaults)."""
+    kw = dict(dtype=args.dtype, max_model_len=args.max_model_len, kv_cache_memory=args.kv_cache_memory,
+              kv_cache_dtype=args.kv_cache_dtype, enforce_eager=args.enforce_eager, seed=args.seed,
+              mixed_cuda_graphs=not args.decode_cuda_graphs_only, load_format=args.load_format)
+    if args.max_num_batched_tokens is not None:
+        kw["max_num_batched_tokens"] = args.max_num_batched_tokens
+    return kw
+
+
 def _add_engine_args(p: argparse.ArgumentParser, seed: int | None, seed_help: str) -> None:
     """Engine options `generate` and `serve` share."""
     p.add_argument("--seed", type=int, default=seed, help=f"sampling seed of the engine: {seed_help}")
@@ -119,6 +126,9 @@ def _add_engine_args(p: argparse.ArgumentParser, seed: int | None, seed_help: st
     p.add_argument("--max-model-len", type=_positive_int, default=None,
                    help="longest sequence, prompt + output (default: the checkpoint's, lowered to what the KV "
                         "cache holds)")
+    p.add_argument("--max-num-batched-tokens", type=_positive_int, default=None,
+                   help="tokens one engine step computes at most (prompts beyond it are chunked; default 2048; "
+                        "CUDA graphs are captured up to it)")
     p.add_argument("--kv-cache-memory", type=_bytes, default=None, metavar="SIZE",
                    help="KV cache size: bytes or e.g. 4GiB, 512MiB (default: 85%% of free GPU memory; on CPU "
                         "50%% of available memory, at most 4 GiB)")

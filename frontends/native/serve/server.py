@@ -23,14 +23,12 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from atom_frontends.native.async_engine import AsyncLLMEngine
+    from atom_frontends.native.cli import engine_kwargs
     from atom_frontends.native.engine_args import EngineArgs
     from atom_frontends.native.serve.app import build_app
 
-    engine = AsyncLLMEngine(EngineArgs(model=args.model, dtype=args.dtype, max_model_len=args.max_model_len,
-                                       max_num_seqs=args.max_num_seqs, kv_cache_memory=args.kv_cache_memory,
-                                       kv_cache_dtype=args.kv_cache_dtype, enforce_eager=args.enforce_eager,
-                                       mixed_cuda_graphs=not args.decode_cuda_graphs_only,
-                                       seed=args.seed, load_format=args.load_format), max_queue=args.max_queue)
+    engine = AsyncLLMEngine(EngineArgs(model=args.model, max_num_seqs=args.max_num_seqs, **engine_kwargs(args)),
+                            max_queue=args.max_queue)
     try:
         names = args.served_model_name or [args.model]
         app = build_app(engine, names, args.model, args.shutdown_timeout, args.enable_log_requests)

@@ -103,6 +103,7 @@ def test_max_model_len_kv_cache_memory_and_dtype_flags(tmp_path):
     ("--kv-cache-memory", "0", "'0' is not a size"),
     ("--dtype", "fp8", "unknown dtype 'fp8'"),
     ("--seed", "abc", "invalid int value: 'abc'"),
+    ("--max-num-batched-tokens", "0", "'0' is not a positive integer"),
 ])
 def test_bad_flag_values_exit_2(tmp_path, flag, value, words):
     r = _run(["generate", flag, value], tmp_path)
@@ -117,3 +118,20 @@ def test_kv_cache_memory_sizes(text, expected):
     from atom_frontends.native.cli import build_parser
 
     assert build_parser().parse_args(["generate", "--kv-cache-memory", text]).kv_cache_memory == expected
+
+
+def test_max_num_batched_tokens_reaches_the_engine(tmp_path):
+    """--max-num-batched-tokens sets the step budget of generate / chat / serve's engine (unset: EngineArgs'); a
+    16-token budget chunks a longer prompt and greedy output is the same as unchunked."""
+    from atom_frontends.native.cli import build_parser, engine_kwargs
+    from atom_frontends.native.engine_args import EngineArgs
+
+    for command in ("generate", "chat", "serve"):
+        args = build_parser().parse_args([command, "--max-num-batched-tokens", "48"])
+        assert engine_kwargs(args)["max_num_batched_tokens"] == 48
+    assert "max_num_batched_tokens" not in engine_kwargs(build_parser().parse_args(["generate"]))
+    assert EngineArgs.max_num_batched_tokens == 2048  # the help text's default
+    prompt = ["generate", "--demo", "--prompt", "a longer prompt than sixteen tokens " * 3, "--max-tokens", "6",
+              "--dtype", "float32", "--no-chat"]
+    chunked = _outputs(_run([*prompt, "--max-num-batched-tokens", "16"], tmp_path))
+    assert chunked == _outputs(_run(prompt, tmp_path)) and len(chunked) == 1
