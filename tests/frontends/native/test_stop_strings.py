@@ -131,3 +131,25 @@ def test_stop_strings_need_a_tokenizer(checkpoint_factory):
     llm = LLM(checkpoint_factory("Qwen3ForCausalLM", tokenizer=False), num_kv_blocks=32)
     with pytest.raises(ValueError, match="stop needs a tokenizer"):
         llm.generate([[4, 5, 6]], SamplingParams(stop="x"), use_tqdm=False)
+
+
+def test_decoder_is_the_tokenizers_decode():
+    """The detokenizer's decode (a fast tokenizer's Rust backend, called directly) gives tokenizer.decode's text for
+    any ids: special tokens skipped, no clean-up of spaces; a tokenizer without a backend keeps its own decode."""
+    import random
+
+    from atom_frontends.native.detokenizer import decoder
+
+    tok = byte_level_tokenizer()
+    assert decoder(tok).func == tok.backend_tokenizer.decode
+    rng = random.Random(0)
+    ids = [rng.randrange(len(tok)) for _ in range(300)] + tok.all_special_ids + tok("a , b .").input_ids
+    for n in (1, 2, 5, 40, len(ids)):
+        chunk = ids[-n:]
+        assert decoder(tok)(chunk) == tok.decode(chunk, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    class Slow:  # no backend_tokenizer: its decode is called with the same arguments
+        def decode(self, ids, **kw):
+            return f"{ids}{sorted(kw.items())}"
+
+    assert decoder(Slow())([1]) == "[1][('clean_up_tokenization_spaces', False), ('skip_special_tokens', True)]"
