@@ -225,6 +225,12 @@ class LLMEngine:
         group = self._groups.get(request_id)
         return None if group is None else self._output(group, finished=False)
 
+    def has_news(self, request_id: str) -> bool:
+        """A live streamed request has output tokens not handed out yet (current_output would hold them); a request
+        still waiting has none, so a server's step skips it without building its output."""
+        group = self._groups.get(request_id)
+        return group is not None and any(len(r.output_token_ids) > (r.num_handed or 0) for r in group)
+
     def _output(self, group: list[Request], finished: bool = True) -> RequestOutput:
         """The group's RequestOutput; finished=True also forgets the group (its id may then be reused). Lists
         are copies, as a live request's keep growing; a streamed request's hold only what is new, so building

@@ -95,7 +95,11 @@ class EngineCore:
             return failed
         deltas = []
         for rid in list(self.live):
-            out = finished.get(rid) or eng.current_output(rid)
+            out = finished.get(rid)
+            if out is None:
+                if not eng.has_news(rid):  # e.g. one of the waiting requests, often half the live ones under load
+                    continue
+                out = eng.current_output(rid)
             if out.finished:
                 self.live.discard(rid)
             if out.finished or out.prompt_logprobs is not None or any(c.token_ids for c in out.outputs):
