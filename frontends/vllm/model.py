@@ -19,6 +19,7 @@ from torch import nn
 from vllm.compilation.decorators import support_torch_compile
 from vllm.config import VllmConfig
 
+from atom_core.dummy_weights import init_dummy_weights
 from atom_core.layers.kernel_warmup import warm_up
 from atom_core.loader import build_model, prepare_weights
 from atom_frontends.vllm.data_parallel import register_experts
@@ -84,6 +85,10 @@ class AtomForCausalLM(nn.Module):
         self.decoder = AtomDecoder(vllm_config=vllm_config, prefix=prefix, decoder=self.core.model)
         self.config = atom_config.hf_config
         self.atom_config = atom_config
+        # --load-format dummy: the seed our random weights are drawn with, once vLLM's dummy loader has filled the
+        # parameters (process_weights_after_loading); None once drawn, and for every other load format
+        self._dummy_seed = (vllm_config.model_config.seed or 0) if vllm_config.load_config.load_format == "dummy" \
+            else None
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.core.embed_input_ids(input_ids)
@@ -103,8 +108,17 @@ class AtomForCausalLM(nn.Module):
         return {f"core.{name}" for name in self.core.load_weights(weights)}
 
     def process_weights_after_loading(self) -> None:
-        """vLLM's hook once every weight is loaded: our layers ready theirs (prepacked CPU GEMMs, cpu_linear.py),
-        and the MoE layers compile their kernels' token-count variants."""
+        """vLLM's hook once every weight is loaded, by any loader (--load-format dummy's too): our layers ready theirs
+        (prepacked CPU GEMMs, cpu_linear.py; an fp8 MLA kv_b_proj dequantized), and the MoE layers compile their
+        kernels' token-count variants.
+
+        Under --load-format dummy the weights are first drawn again by atom_core.dummy_weights, as the native engine
+        draws them (the same model for the same seed): vLLM's dummy loader draws every tensor uniform in [-1e-3, 1e-3]
+        with one seed, so e4m3 weights round to zero (~98% of them) and float32 scales take either sign, and the fp8
+        layers compute next to nothing. Once only: a later call keeps what was loaded since."""
+        if self._dummy_seed is not None:
+            init_dummy_weights(self.core, self._dummy_seed)
+            self._dummy_seed = None
         prepare_weights(self.core)
         c = self.atom_config  # the MoE kernels' Triton variants, now (kernel_warmup)
         warm_up(c.dtype, c.max_model_len, c.max_num_batched_tokens, model=self.core)

@@ -22,9 +22,10 @@ CASES = {  # name → (architecture, quantization_config or None)
 }
 
 
-def config_only(tmp_path, arch: str, quantization: dict | None):
-    """A test checkpoint's folder as build_checkpoint(weights=False) writes it: config.json and the tokenizer."""
-    path = build_checkpoint(tmp_path / arch, arch, weights=False)
+def config_only(tmp_path, arch: str, quantization: dict | None, **overrides):
+    """A test checkpoint's folder as build_checkpoint(weights=False) writes it: config.json and the tokenizer
+    (`overrides`: config fields)."""
+    path = build_checkpoint(tmp_path / arch, arch, weights=False, **overrides)
     assert not list(path.glob("*.safetensors"))
     if quantization:
         config = json.loads((path / "config.json").read_text())

@@ -4,9 +4,12 @@ The tests start it as a subprocess (`python -m tests.frontends.vllm.vllm_runner 
 so that each configuration (plugin on, plugin off via ATOM_DISABLE_VLLM_PLUGIN=1, multiprocess mode)
 gets a fresh vLLM: plugins, the platform and the model registry are process-wide state.
 
-A job: {"model": path, "prompts": [[ids]], "max_tokens": n, "engine": {LLM kwargs}}. A result: the
-greedy tokens per prompt, and what ran them, as seen inside vLLM's worker (model class, attention
-layer classes, the atom-core host, vLLM's platform class and the KV layout's strides).
+A job: {"model": path, "prompts": [[ids]], "max_tokens": n, "engine": {LLM kwargs}}, optionally "logprobs": k (vLLM's
+SamplingParams.logprobs; -1 for the whole vocabulary, with the engine's max_logprobs=-1) and "one_by_one": true (each
+prompt in a generate call of its own, not batched). A result: the greedy tokens per prompt (and with "logprobs" what
+vLLM returned for each generated position, by token id), and what ran them, as seen inside vLLM's worker (model
+class, attention layer classes, the atom-core host, vLLM's platform class, the KV layout's strides, the parameters'
+health).
 """
 
 from __future__ import annotations
@@ -53,10 +56,36 @@ def inspect_worker(model) -> dict:
         # who ran our attention and linear ops ("provided": vLLM's CPU kernels, atom_frontends.vllm.cpu_kernels), and
         # why any attention layer fell back to the torch reference
         "vllm_kernels": _vllm_kernels(),
-        # our layers that hold a linear weight but no packed form of it after loading (atom_kernels.pack_linear)
+        # our layers that hold a linear weight but no packed form of it after loading (atom_kernels.pack_linear; fp8
+        # layers run fp8_linear on their e4m3 weight instead, unless it is dequantized after loading: MLA's kv_b_proj)
         "unpacked_linear_layers": [name for name, m in model.named_modules()
-                                   if hasattr(m, "prepare_weights") and m.packed is None],
+                                   if hasattr(m, "prepare_weights") and m.packed is None
+                                   and (getattr(m, "scheme", None) is None or m.dequantize_after_load)],
+        "parameters": _parameter_health(model),
     }
+
+
+def _parameter_health(model) -> dict:
+    """Floating-point parameters holding a non-finite value or only zeros (names), and the range of the e4m3 weights
+    (their smallest largest-magnitude value) and of the fp8 layers' float32 scales."""
+    import torch
+
+    non_finite, all_zero, fp8_absmax, scales = [], [], [], []
+    for name, p in model.named_parameters():
+        if not p.is_floating_point():
+            continue
+        v = p.detach().float()
+        if not v.isfinite().all():
+            non_finite.append(name)
+        elif not v.any():
+            all_zero.append(name)
+        if p.dtype == torch.float8_e4m3fn:
+            fp8_absmax.append(v.abs().max().item())
+        elif "scale" in name.rsplit(".", 1)[-1]:
+            scales += [v.min().item(), v.max().item()]
+    return {"non_finite": non_finite, "all_zero": all_zero, "fp8_weights": len(fp8_absmax),
+            "fp8_absmax_min": min(fp8_absmax, default=None),
+            "scale_range": [min(scales), max(scales)] if scales else None}
 
 
 def _vllm_kernels() -> dict:
@@ -74,12 +103,18 @@ def run_job(job: dict) -> dict:
     t0 = time.perf_counter()
     llm = LLM(model=job["model"], **engine)
     t1 = time.perf_counter()
-    params = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"], ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"], ignore_eos=True,
+                            logprobs=job.get("logprobs"))
+    batches = [[p] for p in job["prompts"]] if job.get("one_by_one") else [job["prompts"]]
     rounds = []
     for _ in range(job.get("rounds", 1)):  # a second round of the same prompts hits the prefix cache
-        outs = llm.generate([{"prompt_token_ids": p} for p in job["prompts"]], params, use_tqdm=False)
+        outs = [o for batch in batches
+                for o in llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)]
         rounds.append({"tokens": [list(o.outputs[0].token_ids) for o in outs],
                        "num_cached_tokens": [o.num_cached_tokens or 0 for o in outs]})
+        if job.get("logprobs") is not None:  # per prompt, per generated position: {token id: value}
+            rounds[-1]["logprobs"] = [[{t: lp.logprob for t, lp in pos.items()} for pos in o.outputs[0].logprobs]
+                                      for o in outs]
     t2 = time.perf_counter()
     # By its importable name: run with -m this module is __main__, which a worker process can't unpickle.
     from tests.frontends.vllm.vllm_runner import inspect_worker as probe
