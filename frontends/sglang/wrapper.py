@@ -17,6 +17,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from atom_core.dummy_weights import init_dummy_weights
 from atom_core.layers.kernel_warmup import warm_up
 from atom_core.loader import build_model, prepare_weights, require_all_loaded
 from atom_frontends.sglang.bridge import forward_batch_context
@@ -52,6 +53,11 @@ class AtomSGLangModel(nn.Module):
         with _lm_head_layout():
             self.logits_processor = LogitsProcessor(config)
         self._weights_loaded = False
+        # --load-format dummy: the seed our random weights are drawn with once SGLang's dummy loader has filled the
+        # parameters (post_load_weights); None once drawn, and for every other load format
+        args = host_config.server_args
+        self._dummy_seed = (getattr(args, "random_seed", None) or 0) if getattr(args, "load_format", None) == "dummy" \
+            else None
 
     def _check_layer_ids(self) -> None:
         """Each attention layer's id in SGLang's KV pool (from its prefix) is unique and in range."""
@@ -92,10 +98,29 @@ class AtomSGLangModel(nn.Module):
 
     def post_load_weights(self) -> None:
         """Once the first full set of weights is in: load_weights calls it, and SGLang's loaders that bypass
-        load_weights call it themselves (--load-format dummy: random weights from config.json alone)."""
+        load_weights call it themselves (--load-format dummy: random weights from config.json alone).
+
+        Under --load-format dummy the weights are first drawn again by atom_core.dummy_weights, as the native engine
+        and the vLLM plugin draw them: SGLang's dummy loader draws every tensor uniform in [-1e-3, 1e-3] and sets
+        only scales named weight_scale_inv to 1 (ours are weight_scale), so e4m3 weights round to zero and our
+        scales take either sign: the fp8 layers would compute next to nothing."""
+        if self._dummy_seed is not None:
+            init_dummy_weights(self.core, self._dummy_seed)
+            self._dummy_seed = None
         prepare_weights(self.core)  # e.g. an fp8 MLA kv_b_proj dequantized, CPU GEMMs prepacked
         self._weights_loaded = True
         self._warm_up_moe()
+
+    def get_weights_by_name(self, name: str, truncate_size: int = 100, tp_size: int = 1) -> list[float]:
+        """SGLang's Engine.get_weights_by_name (its tests' and RL frameworks' check of what a rank holds): this rank's
+        parameter `name` as this model names it (its named_parameters(): `core.` + atom-core's names, fused layers
+        as fused, e.g. core.model.layers.0.self_attn.qkv_proj.weight), flattened, its first truncate_size values as
+        float32. tp_size: SGLang passes it; a rank's parameters are its shards already."""
+        params = dict(self.named_parameters())
+        if name not in params:
+            raise KeyError(f"{name!r} is not a parameter of this atom-core model; its names are named_parameters()'s, "
+                           f"e.g. {next(iter(params))!r}")
+        return params[name].detach().flatten()[:truncate_size].float().cpu().tolist()
 
     def _warm_up_moe(self) -> None:
         """kernel_warmup's warm-up of the MoE layers, once the weights are in: SGLang's loader runs this at start-up,
