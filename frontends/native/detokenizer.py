@@ -29,15 +29,12 @@ def decoder(tokenizer) -> Callable[[list[int]], str]:
 class Detokenizer:
     def __init__(self, tokenizer, stop: list[str], include_stop_str_in_output: bool, incremental: bool = False) -> None:
         """incremental: decode as tokens come even with no stop strings (streaming shows the text so far)."""
-        self.tokenizer, self.stop, self.include_stop = tokenizer, stop, include_stop_str_in_output
-        self._decoder = decoder(tokenizer)
+        self.stop, self.include_stop = stop, include_stop_str_in_output
+        self._decode = decoder(tokenizer)
         self.incremental = incremental or bool(stop)
         self.ids: list[int] = []
         self.text = ""
         self.prefix_offset = self.read_offset = 0
-
-    def _decode(self, ids: list[int]) -> str:
-        return self._decoder(ids)
 
     def add(self, token_id: int, check_stop: bool = True) -> str | None:
         """Append one token; return the stop string it completed (the text is then cut there), else None.
