@@ -73,7 +73,9 @@ def pdl_prologue(PDL: tl.constexpr):
 
 
 @functools.cache
-def _pdl_capable(index: int) -> bool:
+def nvidia_sm90(index: int) -> bool:
+    """CUDA device `index` is an NVIDIA GPU of compute capability 9 or newer (Hopper): programmatic dependent launch,
+    TMA descriptors."""
     return torch.version.cuda is not None and torch.cuda.get_device_capability(index)[0] >= 9
 
 
@@ -82,5 +84,5 @@ def pdl(device: torch.device) -> dict:
     compute capability 9 and up (switch ATOM_PDL, default 1), off elsewhere (AMD, the interpreter, the CPU)."""
     if device.type != "cuda" or not envs.ATOM_PDL or envs.TRITON_INTERPRET:
         return {"PDL": False}
-    on = _pdl_capable(torch.cuda.current_device() if device.index is None else device.index)
+    on = nvidia_sm90(torch.cuda.current_device() if device.index is None else device.index)
     return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}

@@ -18,15 +18,13 @@ torch library op, opaque to it. Tested against it under Triton's CPU interpreter
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from atom_kernels.reference import fp8 as reference
-from atom_kernels.triton._utils import check, pdl, pdl_prologue
+from atom_kernels.triton._utils import check, nvidia_sm90, pdl, pdl_prologue
 from atom_kernels.triton.attention.decode import num_sms
 from atom_kernels.triton.fp8_gemv import GEMV_MAX_M, fp8_gemv
 from atom_kernels.triton.fp8_quant import fp8_quantize_rows, has_fp8_dot
@@ -119,12 +117,9 @@ def tma_loads(weight: torch.Tensor) -> bool:
     """Whether the tile kernel loads through the copy engine (TMA): NVIDIA sm_90+ (and the interpreter), with the
     16-byte aligned rows and base a descriptor needs (K % 16 == 0 for e4m3)."""
     aligned = weight.shape[1] % 16 == 0 and weight.data_ptr() % 16 == 0
-    return aligned and (weight.device.type == "cpu" or _has_tma(weight.device.index))
-
-
-@functools.cache
-def _has_tma(index: int | None) -> bool:
-    return torch.version.hip is None and torch.cuda.get_device_capability(index) >= (9, 0)
+    if weight.device.type == "cpu":
+        return aligned
+    return aligned and nvidia_sm90(torch.cuda.current_device() if weight.device.index is None else weight.device.index)
 
 
 def gemm(x, weight, weight_scale, block_k, bias, tiles=None, tma=None):

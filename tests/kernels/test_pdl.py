@@ -58,9 +58,9 @@ def test_dependent_chain_is_exact_with_pdl(monkeypatch, rows):
     """600 launches where each reads what the one before wrote (SiLU-and-mul, add + RMSNorm, linear): a kernel that
     started reading early would see stale values somewhere in the chain."""
     import atom_kernels
-    from atom_kernels.triton._utils import _pdl_capable
+    from atom_kernels.triton._utils import nvidia_sm90
 
-    if not _pdl_capable(torch.cuda.current_device()):
+    if not nvidia_sm90(torch.cuda.current_device()):
         pytest.skip("programmatic dependent launch needs compute capability >= 9")
     gen = torch.Generator(device="cuda").manual_seed(0)
     x0 = torch.randn(rows, 2048, device="cuda", generator=gen)
