@@ -45,8 +45,12 @@ NAME = "bench"
 COLUMNS = (("request_throughput", "req/s", 8.2), ("output_throughput", "out tok/s", 10.1),
            ("p10_ttft_ms", "TTFT p10 ms", 12.1), ("p50_ttft_ms", "TTFT p50 ms", 12.1),
            ("p99_ttft_ms", "TTFT p99 ms", 12.1), ("p50_itl_ms", "ITL p50 ms", 11.1), ("p99_itl_ms", "ITL p99 ms", 11.1),
-           ("running_mean", "running", 8.1), ("running_max", "max", 5.0), ("waiting_max", "waiting", 8.0))
+           ("running_mean", "running", 8.1), ("running_max", "max", 5.0), ("waiting_max", "waiting", 8.0),
+           ("server_ttft_ms", "srv TTFT", 9.1), ("output_delay_ms", "delay ms", 9.1))
 POLL_S = 0.1  # /metrics sampling period during a rate's run
+# what Occupancy reads from /metrics (names after the server's prefix `vllm:` or `atom_core:`)
+SAMPLED = ("num_requests_running", "num_requests_waiting", "time_to_first_token_seconds_sum",
+           "time_to_first_token_seconds_count", "engine_output_delay_seconds_sum", "engine_output_delay_seconds_count")
 
 
 def free_port() -> int:
@@ -87,8 +91,10 @@ def stop(proc: subprocess.Popen) -> None:
 
 class Occupancy(threading.Thread):
     """Samples the server's /metrics every POLL_S seconds while a rate runs: sequences running and waiting (both
-    servers export `<prefix>:num_requests_running` / `_waiting`). How full the engine's batch was tells a
-    saturated server from one whose requests wait elsewhere (HTTP, tokenizing, the client)."""
+    servers export `<prefix>:num_requests_running` / `_waiting`), and the means over the run of two histograms:
+    time to first token as the server measures it (both) and atom-core's engine_output_delay_seconds (how long
+    an engine step's news waited for the server process). A full batch tells a saturated engine; a server TTFT far
+    below the client's, or a long delay, a server process (HTTP, tokenizing, detokenizing) or client behind it."""
 
     def __init__(self, port: int) -> None:
         super().__init__(daemon=True)
@@ -101,20 +107,29 @@ class Occupancy(threading.Thread):
                     text = r.read().decode()
             except OSError:
                 continue
-            gauges = {"running": 0.0, "waiting": 0.0}
+            sample = dict.fromkeys(SAMPLED, 0.0)
             for line in text.splitlines():
-                name = line.split("{")[0].split(" ")[0]
-                for key in gauges:
-                    if name.endswith(f"num_requests_{key}"):
-                        gauges[key] += float(line.rsplit(" ", 1)[1])
-            self.samples.append(gauges)
+                name = line.split("{")[0].split(" ")[0].split(":", 1)[-1]
+                if name in sample:
+                    sample[name] += float(line.rsplit(" ", 1)[1])
+            self.samples.append(sample)
 
     def stop(self) -> dict:
         self.done.set()
         self.join()
-        busy = [g for g in self.samples if g["running"] or g["waiting"]] or [{"running": 0.0, "waiting": 0.0}]
-        return {"running_mean": sum(g["running"] for g in busy) / len(busy),
-                "running_max": max(g["running"] for g in busy), "waiting_max": max(g["waiting"] for g in busy)}
+        first, last = (self.samples[0], self.samples[-1]) if self.samples else ({}, {})
+
+        def mean_ms(histogram: str) -> float:
+            n = last.get(f"{histogram}_count", 0) - first.get(f"{histogram}_count", 0)
+            return 1e3 * (last[f"{histogram}_sum"] - first[f"{histogram}_sum"]) / n if n else float("nan")
+
+        busy = [g for g in self.samples if g["num_requests_running"] or g["num_requests_waiting"]]
+        busy = busy or [dict.fromkeys(SAMPLED, 0.0)]
+        return {"running_mean": sum(g["num_requests_running"] for g in busy) / len(busy),
+                "running_max": max(g["num_requests_running"] for g in busy),
+                "waiting_max": max(g["num_requests_waiting"] for g in busy),
+                "server_ttft_ms": mean_ms("time_to_first_token_seconds"),
+                "output_delay_ms": mean_ms("engine_output_delay_seconds")}
 
 
 def bench(args, port: int, rate: str, out_dir: str, label: str) -> dict:
@@ -172,7 +187,9 @@ def report(args, results: dict[str, dict[str, dict]]) -> None:
           f"backend, random dataset), {args.num_prompts} requests per rate, prompt {args.input_len} tokens, "
           f"{args.output_len} new tokens (greedy, EOS ignored), max-num-seqs {args.max_num_seqs}, "
           f"max-num-batched-tokens {args.max_num_batched_tokens or 'each server default'}; running / max / waiting: "
-          f"sequences in the engine's batch and queue (its /metrics every {POLL_S} s while busy)")
+          f"sequences in the engine's batch and queue (its /metrics every {POLL_S} s while busy); srv TTFT: mean "
+          "time to first token as the server measures it; delay ms: mean wait of an engine step's news for the "
+          "server process (atom-core's)")
     print(f"{'rate req/s':<11}{'server':<17}" + "".join(f"{h:>{int(w)}}" for _, h, w in COLUMNS))
     for rate in args.rates.split(","):
         for label, by_rate in results.items():

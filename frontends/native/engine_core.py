@@ -12,11 +12,13 @@ Messages out: ("ready", info), ("failed", exception), ("step", [Delta], stats), 
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import pickle
 import queue
 import signal
+import time
 from dataclasses import dataclass, replace
 
 import torch
@@ -40,6 +42,9 @@ class Delta:
     prompt_logprobs: PromptLogprobs | None = None
     num_cached_tokens: int = 0
     error: str | None = None
+
+    def __reduce__(self):  # pickled as its fields, in order: the server unpickles one per live request per step,
+        return Delta, tuple(self.__dict__.values())  # ~6x faster than a dataclass's default state dict
 
 
 def _delta(out: RequestOutput) -> Delta:
@@ -111,7 +116,17 @@ class EngineCore:
         return {"num_kv_blocks": bm.num_blocks, "num_free_kv_blocks": bm.num_free_blocks,
                 "num_running_seqs": len(sched.running), "num_waiting_seqs": len(sched.waiting),
                 "num_requests": len(self.live), "num_aborted_requests": self.num_aborted,
-                "num_preemptions": sched.num_preemptions}
+                "num_preemptions": sched.num_preemptions,
+                "sent_at": time.monotonic()}  # the server's metrics tell how long the news waited for it
+
+
+def freeze_heap() -> None:
+    """Once started: what is loaded (modules, model, tokenizer) moves to the collector's permanent generation, so
+    the collections that serving's garbage triggers stop walking it (the server process's cost per streamed token:
+    37 -> 26 us, CPU). vLLM's server and engine processes do the same. Call gc.unfreeze() before exiting: objects
+    left frozen are never freed, and nanobind (Triton) reports them as leaks at exit."""
+    gc.collect()
+    gc.freeze()
 
 
 def _picklable(e: Exception) -> Exception:
@@ -149,6 +164,7 @@ def run_engine_core(args: EngineArgs, inbox, outbox) -> None:
         outbox.put(("failed", _picklable(e)))
         return
     outbox.put(("ready", core.info()))
+    freeze_heap()
     while os.getppid() == parent:
         commands = _commands(inbox, block=not core.engine.has_unfinished())
         deltas = [d for c in commands if c[0] != "shutdown" for d in core.handle(c)]
@@ -161,4 +177,5 @@ def run_engine_core(args: EngineArgs, inbox, outbox) -> None:
             outbox.put(("step", deltas, core.stats()))
         if stopping:
             break
+    gc.unfreeze()
     outbox.put(("stopped",))

@@ -9,7 +9,6 @@ the same token; the text is cut at the stop string."""
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 
 from atom_frontends.native.detokenizer import Detokenizer
 from atom_frontends.native.engine_core import Delta
@@ -73,8 +72,9 @@ class RequestState:
         if s.detok is not None and reason is not None and not isinstance(stop_reason, str):
             s.detok.finish()
         logprobs = None if c.logprobs is None else self._decoded(c.logprobs[: len(ids)])
-        return replace(c, text=s.detok.text if s.detok is not None else "", token_ids=ids, logprobs=logprobs,
-                       finish_reason=reason, stop_reason=stop_reason)
+        # constructed, not dataclasses.replace: this runs once per streamed token (replace costs ~3x as much)
+        return CompletionOutput(c.index, s.detok.text if s.detok is not None else "", ids, c.cumulative_logprob,
+                                logprobs, reason, stop_reason)
 
     def _decoded(self, rows: SampleLogprobs | None) -> SampleLogprobs | None:
         """Each token of the log-probabilities decoded on its own, as vLLM shows them."""

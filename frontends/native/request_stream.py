@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from atom_frontends.native.output_processor import RequestState
-from atom_frontends.native.request import RequestOutput
+from atom_frontends.native.request import CompletionOutput, RequestOutput
 
 
 class RequestStream:
@@ -75,10 +75,12 @@ class RequestStream:
             if not text and not c.token_ids and (self._ended[i] or not ended):
                 continue
             self._sent_text[i], self._ended[i] = end, ended
-            outs.append(replace(c, text=text))
+            outs.append(CompletionOutput(i, text, c.token_ids, c.cumulative_logprob, c.logprobs, c.finish_reason,
+                                         c.stop_reason))  # not dataclasses.replace (~3x as slow): once per chunk
         if not outs and not out.finished:
             return None
-        return replace(out, outputs=outs)
+        return RequestOutput(out.request_id, out.prompt, out.prompt_token_ids, out.prompt_logprobs, outs, out.finished,
+                             out.num_cached_tokens)
 
 
 def _merged(old: RequestOutput, new: RequestOutput) -> RequestOutput:

@@ -67,6 +67,13 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 async def _merged(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
     """(prompt index, delta) of several streams as they come; aborts what is left when closed early."""
+    if len(streams) == 1:  # the common case, without a task and a queue hop per delta
+        try:
+            async for d in streams[0]:
+                yield 0, d
+        finally:
+            streams[0].abort()
+        return
     q: asyncio.Queue = asyncio.Queue()
 
     async def pump(i: int, s: RequestStream) -> None:

@@ -6,6 +6,7 @@ engine's news reaches the server process, i.e. what a client sees, less the netw
 from __future__ import annotations
 
 import logging
+import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -21,6 +22,7 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
                40.0, 80.0)
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
                480.0, 960.0, 1920.0, 7680.0)
+OUTPUT_DELAY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
 
 
@@ -49,6 +51,9 @@ class Metrics:
                                    buckets=TOKEN_BUCKETS)
         self.request_generation = made(Histogram, "request_generation_tokens",
                                        "Generated tokens per finished request.", buckets=TOKEN_BUCKETS)
+        self.output_delay = made(Histogram, "engine_output_delay_seconds", "From the end of an engine step to its "
+                                 "news handled in the server process (a server that falls behind its engine: "
+                                 "its news wait in the queue between them).", buckets=OUTPUT_DELAY_BUCKETS)
         self.success = Counter(PREFIX + "request_success", "Finished requests, by finish reason.",
                                ["model_name", "finished_reason"], registry=r)
         self.model_name, self._preemptions = model_name, 0
@@ -62,6 +67,7 @@ class Metrics:
         self.kv_usage.set(1 - stats["num_free_kv_blocks"] / max(stats["num_kv_blocks"], 1))
         self.preemptions.inc(stats["num_preemptions"] - self._preemptions)
         self._preemptions = stats["num_preemptions"]
+        self.output_delay.observe(time.monotonic() - stats["sent_at"])  # one system-wide clock on Linux and macOS
 
     def on_output(self, state: RequestState, out: RequestOutput | BaseException, now: float) -> None:
         new = 0 if isinstance(out, BaseException) else sum(len(c.token_ids) for c in out.outputs)

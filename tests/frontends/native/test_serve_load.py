@@ -126,6 +126,7 @@ def _load_and_faults(server, ckpt, tok, clients: int) -> None:
     assert added("time_to_first_token_seconds_count") == added("e2e_request_latency_seconds_count") == len(started)
     assert added("generation_tokens_total") >= len(completed) * MAX_TOKENS + 2 * kinds.count("dropped")
     assert after[("atom_core:kv_cache_usage_perc", None)] == 0
+    assert added("engine_output_delay_seconds_count") > 0  # each step's news timed on arrival
     assert server.output().count("finished (length)") - logged == len(completed)  # --enable-log-requests
 
 
