@@ -250,7 +250,8 @@ def _cublas_support(dtype=None):
 
 @pytest.mark.gpu
 def test_cublas_blockwise_gemm_is_found_on_hopper():
-    assert _cublas_support().aligned, _cublas_support().note
+    found = _cublas_support()
+    assert found.aligned, found.note
 
 
 @pytest.mark.gpu
