@@ -4,7 +4,12 @@ Shapes: the linear layers of DeepSeek-V3 (MLA projections, the dense MLP of its 
 Qwen3-30B-A3B (attention; one expert's GEMMs), N x K unsharded, at M = 1, 32, 256, 4096 rows; bf16 in and out,
 e4m3 weights with 128x128 block scales (random, std 1/sqrt(K), quantized as the releases do), activations quantized
 per token and 128 columns. Every row is a whole linear as a layer runs it (activation quantization + GEMM):
-  ours             atom_kernels.fp8_linear on CUDA (the dispatcher's kernels/triton/fp8_linear.py)
+  ours             atom_kernels.fp8_linear on CUDA (the dispatcher's kernels/triton/fp8_linear.py) with block_n = 128
+                   (these weights' rows are whole 128-row blocks, as an unfused layer's): the path it picks
+  ours: tile       at M > 32, its two large-M paths forced: the Triton tile GEMM (fp8_linear.gemm) and cuBLAS'
+  ours: cublas     blockwise GEMM after our quantizer (fp8_cublas.cublas_linear; where the probe found it), so the
+                   crossover M (CUBLAS_MIN_M in kernels/triton/fp8_linear.py) can be read off; the "crossover" table
+                   at the end lists both per shape and M
   scaled_mm block  torch's blockwise scaled GEMM (1x128 x 128x128 scales) where this torch build has it (probed on
                    a small problem first; the header says which spelling or why none), activations quantized by
                    atom_kernels.reference.fp8.fp8_quantize
@@ -21,7 +26,8 @@ rounds, L2 flushed before every launch, median). The summary table ends with our
 GEMV, fp8_gemv.py: each shape's line names the variant and split) the lowest weight bandwidth as a fraction of copy
 bandwidth (goal >= 0.7). Needs a CUDA GPU.
 
-    python benchmarks/fp8_gemm.py [--models dsv3 qwen3-30b-a3b] [--m 1 32 256 4096] [--out FILE]
+    python benchmarks/fp8_gemm.py [--models dsv3 qwen3-30b-a3b] [--m 1 32 64 256 4096] [--out FILE]
+    python benchmarks/fp8_gemm.py --m 40 48 64 96 128 256   # the tile / cuBLAS crossover, for CUBLAS_MIN_M
     python benchmarks/fp8_gemm.py --sweep [--layers "dsv3 mlp gate_up" ...] [--m 256 4096]
 --sweep times ours' tile GEMM (M > 32) under every candidate of SWEEP instead, fastest first, beside GEMM_TILES'
 choice: what to write into GEMM_TILES (kernels/triton/fp8_linear.py).
@@ -48,9 +54,10 @@ from fp8_peers import (
 import atom_kernels
 from atom_kernels import dispatch
 from atom_kernels.reference.fp8 import fp8_dequantize, fp8_quantize
+from atom_kernels.triton import fp8_cublas
 from atom_kernels.triton.attention.decode import num_sms
 from atom_kernels.triton.fp8_gemv import GEMV_MAX_M, gemv_config
-from atom_kernels.triton.fp8_linear import gemm, gemm_tiles, tma_loads
+from atom_kernels.triton.fp8_linear import CUBLAS_MIN_M, gemm, gemm_tiles, path, tma_loads
 from atom_kernels.triton.fp8_quant import fp8_quantize_rows
 
 SHAPES = {  # layer → (N, K)
@@ -59,7 +66,7 @@ SHAPES = {  # layer → (N, K)
     "qwen3-30b-a3b": {"qkv": (5120, 2048), "o": (2048, 4096), "expert gate_up": (1536, 2048),
                       "expert down": (2048, 768)},
 }
-ROWS = (1, 32, 256, 4096)
+ROWS = (1, 32, 64, 256, 4096)
 # --sweep's tile candidates (BLOCK_M, BLOCK_N, warps, stages, GROUP_M), each with TMA and with pointer loads, and
 # default layers: the largest DeepSeek-V3 GEMMs and a Qwen3-30B-A3B attention projection
 SWEEP = [(bm, bn, w, st, 8) for bm in (64, 128) for bn in (64, 128, 256) for w in (4, 8) for st in (3, 4)
@@ -68,6 +75,7 @@ SWEEP_LAYERS = ("dsv3 mlp gate_up", "dsv3 o", "qwen3-30b-a3b qkv")
 ROUNDS, REPS = 3, 10
 TOL = 3e-2
 INFO = ("quantize: reference", "quantize: triton")  # timed, never ranked
+OURS = ("ours", "ours: tile", "ours: cublas")  # "ours" is ranked against the peers; the forced paths are not
 
 
 def rowwise_mm(x, wq, ws):
@@ -85,7 +93,11 @@ def implementations(x, w, peers) -> tuple[dict, dict]:
     block_want = fp8_dequantize(xq, xs, BLOCK) @ dequantize(wq, ws).t()
     xq_r, xs_r = rowwise_quantize(x)
     row_want = (xq_r.float() * xs_r) @ (wq_r.float() * ws_r).t()
-    fns = {"ours": functools.partial(atom_kernels.fp8_linear, x, wq, ws_rows, BLOCK, BLOCK)}
+    fns = {"ours": functools.partial(atom_kernels.fp8_linear, x, wq, ws_rows, BLOCK, BLOCK, None, None, BLOCK)}
+    if x.shape[0] > GEMV_MAX_M:
+        fns["ours: tile"] = functools.partial(gemm, x, wq, ws_rows, BLOCK, None)
+        if fp8_cublas.fits(x, wq, None):
+            fns["ours: cublas"] = functools.partial(fp8_cublas.cublas_linear, x, wq, ws_rows, None)
     if peers["scaled_mm block"] is not None:
         blockwise = peers["scaled_mm block"]
         fns["scaled_mm block"] = lambda: blockwise(*fp8_quantize(x, BLOCK), wq, ws)
@@ -119,7 +131,7 @@ def run_case(say, model, layer, n, k, m, peers, copy_bw):
     live = {name: fn for name, fn in fns.items() if name in INFO or isinstance(err[name], float)}
     times, failed = gpu_times(live, ROUNDS, REPS)
     weight_bytes, flops = n * k + 4 * n * -(-k // 128), 2 * m * n * k
-    say(f"\n{model} {layer} {n} x {k}, M = {m}: ours {ours_path(m, n, k)}")
+    say(f"\n{model} {layer} {n} x {k}, M = {m}: ours {ours_path(x, fns)}")
     med = {}
     for name in fns:
         if name not in times:
@@ -136,13 +148,21 @@ def run_case(say, model, layer, n, k, m, peers, copy_bw):
     return med, weight_bytes, flops
 
 
-def ours_path(m: int, n: int, k: int) -> str:
-    """Which of atom_kernels.fp8_linear's kernels (and launch parameters) runs this shape on this GPU."""
-    sms = num_sms(torch.device("cuda"))
-    if m > GEMV_MAX_M:
-        return f"tile GEMM (BLOCK_M, BLOCK_N, warps, stages, GROUP_M) = {gemm_tiles(m, n, sms)}, TMA loads"
-    c = gemv_config(m, n, -(-k // BLOCK), sms)
-    return (f"GEMV, BLOCK_N {c['BLOCK_N']}, BLOCK_M {c['BLOCK_M']}, split-K {c['splits']} x {c['per']} blocks")
+def ours_path(x: torch.Tensor, fns: dict) -> str:
+    """Which of atom_kernels.fp8_linear's kernels (fp8_linear.path) runs x [M, K] on this shape's weight (the one
+    "ours" multiplies) on this GPU, with its launch parameters, or why not cuBLAS."""
+    wq = fns["ours"].args[1]
+    (m, k), n, sms = x.shape, wq.shape[0], num_sms(torch.device("cuda"))
+    kernel = path(x, wq, BLOCK, None, BLOCK)
+    if kernel == "gemv":
+        c = gemv_config(m, n, -(-k // BLOCK), sms)
+        return f"GEMV, BLOCK_N {c['BLOCK_N']}, BLOCK_M {c['BLOCK_M']}, split-K {c['splits']} x {c['per']} blocks"
+    tile = f"tile GEMM (BLOCK_M, BLOCK_N, warps, stages, GROUP_M) = {gemm_tiles(m, n, sms)}, TMA loads {tma_loads(wq)}"
+    if kernel == "cublas":
+        return f"cuBLAS blockwise GEMM (M >= CUBLAS_MIN_M = {CUBLAS_MIN_M}); ours: tile is the {tile}"
+    if "ours: cublas" in fns:
+        return f"{tile} (M < CUBLAS_MIN_M = {CUBLAS_MIN_M})"
+    return f"{tile} (cuBLAS: {fp8_cublas.support(x.device, x.dtype).note or 'outside fp8_cublas.fits'})"
 
 
 def sweep(say, n: int, k: int, m: int) -> None:
@@ -215,7 +235,7 @@ def summary_table(say, rows, copy_bw) -> None:
         f"{'of copy':>7s} {'fastest peer':>16s} {'peer us':>9s} {'ours/fastest':>12s}")
     worst = worst_bw = None
     for model, layer, n, k, m, med, weight_bytes, flops in rows:
-        ranked = {name: t for name, t in med.items() if name not in INFO and name != "ours"}
+        ranked = {name: t for name, t in med.items() if name not in INFO and name not in OURS}
         ours = med.get("ours")
         if ours is None or not ranked:
             say(f"{model:14s} {layer:15s} {n:>6d} x {k:<6d} {m:>5d}  (ours or every peer missing)")
@@ -236,6 +256,20 @@ def summary_table(say, rows, copy_bw) -> None:
     if worst_bw:
         say(ratio_line(f"fp8 GEMM weight GB/s over copy bandwidth at M <= {GEMV_MAX_M}, worst shape ({worst_bw[1]})",
                        worst_bw[0], copy_bw, " (goal >= 0.7)"))
+    crossover_table(say, rows)
+
+
+def crossover_table(say, rows) -> None:
+    """Ours' two large-M paths side by side (M > GEMV_MAX_M): where cuBLAS starts to win is CUBLAS_MIN_M's value."""
+    pairs = [(model, layer, m, med) for model, layer, _, _, m, med, _, _ in rows
+             if "ours: tile" in med and "ours: cublas" in med]
+    if not pairs:
+        return
+    say(f"\ncrossover (CUBLAS_MIN_M = {CUBLAS_MIN_M}): {'model':14s} {'layer':15s} {'M':>5s} {'tile us':>9s} "
+        f"{'cublas us':>9s} {'tile/cublas':>11s}")
+    for model, layer, m, med in pairs:
+        tile, cublas = med["ours: tile"], med["ours: cublas"]
+        say(f"{'':34s}{model:14s} {layer:15s} {m:>5d} {tile * 1e3:9.1f} {cublas * 1e3:9.1f} {tile / cublas:11.2f}")
 
 
 if __name__ == "__main__":

@@ -92,8 +92,9 @@ def fp8_quantize(x, group, input_scale=None):
     return dispatch.get("fp8_quantize", x.device)(x, group, input_scale)
 
 
-def _fp8_linear(x, weight, weight_scale, block_k, act_group, input_scale=None, bias=None):
-    return dispatch.get("fp8_linear", x.device)(x, weight, weight_scale, block_k, act_group, input_scale, bias)
+def _fp8_linear(x, weight, weight_scale, block_k, act_group, input_scale=None, bias=None, block_n=0):
+    return dispatch.get("fp8_linear", x.device)(x, weight, weight_scale, block_k, act_group, input_scale, bias,
+                                                block_n)
 
 
 def sample_tokens(logits, temperature, seeds):
@@ -143,7 +144,7 @@ if __name__ == "atom_kernels":
     for _op in ("fused_moe", "fp8_fused_moe"):
         torch.library.register_fake(f"atom_kernels::{_op}", lambda hidden, *args: torch.empty_like(hidden), lib=_LIB)
     _LIB.define("fp8_linear(Tensor x, Tensor weight, Tensor weight_scale, int block_k, int act_group, "
-                "Tensor? input_scale=None, Tensor? bias=None) -> Tensor")
+                "Tensor? input_scale=None, Tensor? bias=None, int block_n=0) -> Tensor")
     _LIB.impl("fp8_linear", _fp8_linear, "CompositeExplicitAutograd")
     torch.library.register_fake("atom_kernels::fp8_linear",
                                 lambda x, weight, *args, **kwargs: x.new_empty(*x.shape[:-1], weight.shape[0]),
@@ -158,10 +159,13 @@ def fused_moe(hidden, w13, w2, topk_weights, topk_ids):
     return torch.ops.atom_kernels.fused_moe(hidden, w13, w2, topk_weights, topk_ids)
 
 
-def fp8_linear(x, weight, weight_scale, block_k, act_group, input_scale=None, bias=None):
+def fp8_linear(x, weight, weight_scale, block_k, act_group, input_scale=None, bias=None, block_n=0):
     """x [..., K] @ dequantized weight [N, K] (float8_e4m3fn, scales [N, ceil(K / block_k)])^T (+ bias) → [..., N],
-    the activation quantized per token group of act_group columns (0: not at all) or with the static input_scale."""
-    return torch.ops.atom_kernels.fp8_linear(x, weight, weight_scale, block_k, act_group, input_scale, bias)
+    the activation quantized per token group of act_group columns (0: not at all) or with the static input_scale.
+    block_n: 128 when weight_scale's rows are constant over every aligned 128-row group (the checkpoint's 128x128
+    blocks, whole in this weight: atom_core.layers.fp8.row_block), so a kernel may read one scale row per block;
+    0 (always safe) otherwise."""
+    return torch.ops.atom_kernels.fp8_linear(x, weight, weight_scale, block_k, act_group, input_scale, bias, block_n)
 
 
 def fp8_fused_moe(hidden, w13, w2, w13_scale, w2_scale, topk_weights, topk_ids, block_k, act_group):

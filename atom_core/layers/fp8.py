@@ -37,6 +37,18 @@ def expand_scale(scale: torch.Tensor, rows: int, cols: int, block: tuple[int, in
     return s
 
 
+def row_block(scale: torch.Tensor, block: int) -> int:
+    """`block` when the scale rows [N, KB] are constant over every aligned group of `block` rows (the last group may
+    be partial), so that one row per group (scale[::block]) says it all, else 0. Block scales expanded by
+    expand_scale are, unless a fused shard or a tensor-parallel slice starts inside a checkpoint block (gate|up with
+    a 320-row gate, a 64-row k shard), whose rows then hold two blocks' scales in one group. Compares values (one
+    device sync): blocks that happen to share a scale count as one. For the op's block_n (atom_kernels.fp8_linear)."""
+    if block <= 0 or scale.numel() == 0:
+        return 0
+    firsts = scale[::block].repeat_interleave(block, 0)[: scale.shape[0]]
+    return block if torch.equal(firsts, scale) else 0
+
+
 def fp8_parameter(*shape: int) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape, dtype=FP8), requires_grad=False)
 

@@ -7,7 +7,9 @@ shard (vLLM's oneDNN GEMM on CPU); until then, and wherever the kernel is the re
 
 FP8 checkpoints (atom_core.layers.fp8.quantize_model calls `use_fp8`): weight float8_e4m3fn [out_local, in_local],
 weight_scale [out_local, ceil(in_local / block_k)] float32 (loaded through the weight's own sharding, see
-atom_core.layers.fp8), input_scale [1] for static activations; the GEMM is atom_kernels.fp8_linear.
+atom_core.layers.fp8), input_scale [1] for static activations; the GEMM is atom_kernels.fp8_linear. prepare_weights
+sets block_n, the op's word that the scale rows are whole 128-row blocks (fp8.row_block), which lets GPUs take
+cuBLAS' blockwise GEMM at large M.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ class LinearBase(nn.Module):
         self.weight = fp8.fp8_parameter(out_local, in_local)
         self.weight.weight_loader = self.weight_loader
         self.weight_scale = fp8.scale_parameter(out_local, -(-in_local // self.block_k), loader=self.scale_loader)
+        self.block_n = 0  # the op's block_n: decided on the loaded scales (prepare_weights); 0 is always exact
         self.input_scale = None
         if scheme.activation == "static":  # fused shards' scales: the largest (equal when calibrated on one input)
             self.input_scale = nn.Parameter(torch.zeros(1), requires_grad=False)
@@ -91,6 +94,8 @@ class LinearBase(nn.Module):
             self.scheme = None
         if self.scheme is None:
             self.packed = atom_kernels.pack_linear(self.weight, None if self.shards_input else self.bias)
+        elif self.scheme.weight_block:  # block scales: whole 128x128 blocks in this shard's rows?
+            self.block_n = fp8.row_block(self.weight_scale, self.scheme.weight_block[0])
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
         _check_shape(param, loaded, type(self).__name__)
@@ -101,7 +106,7 @@ class LinearBase(nn.Module):
         if self.scheme is None:
             return atom_kernels.linear(x, self.weight, bias, self.packed)
         return atom_kernels.fp8_linear(x, self.weight, self.weight_scale, self.block_k, self.act_group,
-                                       self.input_scale, bias)
+                                       self.input_scale, bias, self.block_n)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.matmul(x, self.bias)

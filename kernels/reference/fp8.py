@@ -54,9 +54,12 @@ def _activation(x: torch.Tensor, act_group: int, input_scale: torch.Tensor | Non
 
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, block_k: int, act_group: int,
-               input_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
+               input_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+               block_n: int = 0) -> torch.Tensor:
     """x [..., K] (model dtype), weight [N, K] fp8, weight_scale [N, ceil(K / block_k)] → [..., N] in x's dtype,
-    computed in float32 on the dequantized weight and the (quantized) activation (see the module doc)."""
+    computed in float32 on the dequantized weight and the (quantized) activation (see the module doc). block_n: the
+    caller's word that weight_scale's rows are constant over each aligned group of block_n rows (0: no such word);
+    it only lets kernels read the scales per block, so the reference, which reads every row, ignores it."""
     w = fp8_dequantize(weight, weight_scale, block_k)
     y = F.linear(_activation(x, act_group, input_scale), w, None if bias is None else bias.float())
     return y.to(x.dtype)

@@ -1,14 +1,22 @@
 """fp8_linear for the fp8 block format (weight scales per 128 columns, activations per token and group of the same
-128 columns): a block-scaled GEMM over e4m3 operands, by M: up to GEMV_MAX_M (32) rows the weight-streaming GEMV of
-fp8_gemv.py (split-K, swapped tensor-core products), above it the tile kernel here.
+128 columns): a block-scaled GEMM over e4m3 operands, by M (`path` decides):
+  - M <= GEMV_MAX_M (32): the weight-streaming GEMV of fp8_gemv.py (split-K, swapped tensor-core products);
+  - M >= CUBLAS_MIN_M (64) with block_n == block_k == 128 (the layer's rows are whole 128-row blocks, so one scale row
+    per block says it all) and a bf16 / fp16 activation, no bias or one cuBLAS adds before its one rounding, on a
+    GPU where torch's blockwise scaled_mm was found to match the reference (sm_90): cuBLAS, fp8_cublas.py. On the
+    H200 its GEMM alone ran at ~1300 TFLOP/s at M = 4096 (DeepSeek-V3's gate_up: the "scaled_mm block" row less its
+    reference quantization, benchmarks/results/fp8_gemm-2026-11-29-NVIDIA-H200-tma.txt) against the tile kernel's
+    630 at its best tiles;
+  - else the tile kernel here: float32 activations, fused layers or tensor-parallel slices whose row blocks start
+    mid-way (block_n 0), other block sizes, K not a multiple of 128, other GPUs.
 
-Because both scales are constant over one K block, each block's partial product factors: y[m, n] = sum_b xs[m, b] *
-ws[n, b] * sum_{k in b} xq[m, k] * wq[n, k]. A program owns a BLOCK_M x BLOCK_N tile of y, walks K one scale block
-at a time (BLOCK_K = block_k), takes the block's dot product of the e4m3 tiles (fp8 tensor cores on sm_89+; elsewhere
-and for blocks under 32 columns, of the tiles converted to float16, exact: every e4m3 value is a float16), with float32
-accumulation, and adds it times the outer product of the two scale vectors; the bias is added in float32 and the tile
-stored once in the model dtype (as the reference rounds). Tiles by M bucket: GEMM_TILES. The activation is quantized
-first by fp8_quantize_rows (bit-equal to the reference's fp8_quantize).
+The tile kernel: both scales are constant over one K block, so each block's partial product factors: y[m, n] =
+sum_b xs[m, b] * ws[n, b] * sum_{k in b} xq[m, k] * wq[n, k]. A program owns a BLOCK_M x BLOCK_N tile of y, walks K
+one scale block at a time (BLOCK_K = block_k), takes the block's dot product of the e4m3 tiles (fp8 tensor cores on
+sm_89+; elsewhere and for blocks under 32 columns, of the tiles converted to float16, exact: every e4m3 value is a
+float16), with float32 accumulation, and adds it times the outer product of the two scale vectors; the bias is added
+in float32 and the tile stored once in the model dtype (as the reference rounds). Tiles by M bucket: GEMM_TILES.
+Every path quantizes the activation first with fp8_quantize_rows (bit-equal to the reference's fp8_quantize).
 
 Everything else (per-channel / per-tensor weights, another activation group, a static input_scale, no activation
 quantization) runs the torch reference. A compiler tracing the model never enters here: atom_kernels.fp8_linear is a
@@ -24,8 +32,10 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from atom_kernels.reference import fp8 as reference
+from atom_kernels.triton import fp8_cublas
 from atom_kernels.triton._utils import check, nvidia_sm90, pdl, pdl_prologue
 from atom_kernels.triton.attention.decode import num_sms
+from atom_kernels.triton.fp8_cublas import cublas_linear
 from atom_kernels.triton.fp8_gemv import GEMV_MAX_M, fp8_gemv
 from atom_kernels.triton.fp8_quant import fp8_quantize_rows, has_fp8_dot
 
@@ -79,6 +89,10 @@ def _block_scaled_gemm(xq_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, KB,
 # on DeepSeek-V3's gate_up at M = 4096 (629 TFLOP/s against 556 for 128 x 128 with 8 warps) and o at M = 256 (123 us
 # against 165), within 7% of the fastest on Qwen3-30B-A3B's qkv at 256 and 4096.
 GEMM_TILES = ((64, (64, 64, 4, 4, 8)), (None, (64, 128, 4, 4, 8)))
+# From this M up, cuBLAS' blockwise GEMM (fp8_cublas.py) where it fits; below, the tile kernel. A first guess: on the
+# H200 cuBLAS' GEMM alone reached ~1300 TFLOP/s at M = 4096 against the tile kernel's 630. benchmarks/fp8_gemm.py
+# times both paths ("ours: tile", "ours: cublas") at every M > GEMV_MAX_M: set it at their crossover.
+CUBLAS_MIN_M = 64
 
 
 def gemm_tiles(m: int, n: int, sms: int) -> tuple[int, int, int, int, int]:
@@ -94,7 +108,7 @@ def _runs_here(x, weight, weight_scale, block_k, act_group, input_scale) -> bool
             and block_k in (16, 32, 64, 128, 256) and weight.is_contiguous() and weight_scale.is_contiguous())
 
 
-def fp8_linear(x, weight, weight_scale, block_k, act_group, input_scale=None, bias=None):
+def fp8_linear(x, weight, weight_scale, block_k, act_group, input_scale=None, bias=None, block_n=0):
     """The contract of atom_kernels.reference.fp8.fp8_linear: x [..., K] → [..., N] in x's dtype."""
     if not _runs_here(x, weight, weight_scale, block_k, act_group, input_scale):
         return reference.fp8_linear(x, weight, weight_scale, block_k, act_group, input_scale, bias)
@@ -106,11 +120,26 @@ def fp8_linear(x, weight, weight_scale, block_k, act_group, input_scale=None, bi
     m = x2.shape[0]
     if m == 0 or n == 0:
         return reference.fp8_linear(x, weight, weight_scale, block_k, act_group, input_scale, bias)
-    if m <= GEMV_MAX_M:
+    kernel = path(x2, weight, block_k, bias, block_n)
+    if kernel == "gemv":
         y = fp8_gemv(x2, weight, weight_scale, block_k, bias)
+    elif kernel == "cublas":
+        y = cublas_linear(x2, weight, weight_scale, bias)
     else:
         y = gemm(x2, weight, weight_scale, block_k, bias)
     return y.reshape(*x.shape[:-1], n)
+
+
+def path(x, weight, block_k, bias, block_n) -> str:
+    """The kernel fp8_linear runs x [M, K] (contiguous) on, for the inputs it keeps from the reference (block-scaled
+    weight, activation groups of block_k, no input_scale): "gemv" (M <= GEMV_MAX_M), "cublas" (M >= CUBLAS_MIN_M,
+    rows block-structured in 128x128 blocks and fp8_cublas.fits: device, dtype, shape, bias) or "tile"."""
+    m = x.shape[0]
+    if m <= GEMV_MAX_M:
+        return "gemv"
+    if m >= CUBLAS_MIN_M and block_n == block_k == fp8_cublas.BLOCK and fp8_cublas.fits(x, weight, bias):
+        return "cublas"
+    return "tile"
 
 
 def tma_loads(weight: torch.Tensor) -> bool:

@@ -60,9 +60,10 @@ def fake_quant_rows(x):
 
 
 @triton.jit
-def _quantize_kernel(x_ptr, q_ptr, s_ptr, M, K, G, GROUP, sx, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+def _quantize_kernel(x_ptr, q_ptr, s_ptr, M, K, G, GROUP, sx, ss_m, ss_g, ROWS: tl.constexpr, BLOCK: tl.constexpr,
                      PDL: tl.constexpr):
-    # grid (cdiv(M, ROWS), G): x [M, K] (row stride sx) → q [M, K] e4m3, s [M, G] fp32. A program owns ROWS rows of
+    # grid (cdiv(M, ROWS), G): x [M, K] (row stride sx) → q [M, K] e4m3, s [M, G] fp32 at strides (ss_m, ss_g): (G, 1)
+    # row-major, (1, M) M-major (how torch's blockwise scaled_mm takes activation scales). A program owns ROWS rows of
     # group g, columns [g * GROUP, min((g + 1) * GROUP, K)), walked BLOCK at a time: amax first, then the
     # quantization (a group within one BLOCK is read from DRAM once; the second read hits L1/L2). ROWS rows per program,
     # not one: a 128-column group is 256 bytes, too little work for a program at M = 4096.
@@ -85,7 +86,7 @@ def _quantize_kernel(x_ptr, q_ptr, s_ptr, M, K, G, GROUP, sx, ROWS: tl.constexpr
         x = tl.load(x_ptr + rows[:, None] * sx + k[None, :], mask=mask, other=0.0).to(tl.float32)
         tl.store(q_ptr + rows[:, None] * K + k[None, :], quantize_values(x, scale[:, None]).to(q_ptr.dtype.element_ty),
                  mask=mask)
-    tl.store(s_ptr + rows * G + g, scale, mask=row_ok)
+    tl.store(s_ptr + rows * ss_m + g * ss_g, scale, mask=row_ok)
 
 
 def has_fp8_dot(device: torch.device) -> bool:
@@ -102,21 +103,25 @@ def _has_fp8_dot(device_type: str, index: int | None) -> bool:
     return torch.cuda.get_device_capability(index) >= (8, 9)
 
 
-def fp8_quantize_rows(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+def fp8_quantize_rows(x: torch.Tensor, group: int, m_major: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] (float, last dim contiguous) → (q [M, K] float8_e4m3fn, scale [M, ceil(K / group)] float32): the
-    reference's fp8_quantize(x, group) for dynamic scales, in one launch, no host sync."""
+    reference's fp8_quantize(x, group) for dynamic scales, in one launch, no host sync. m_major: the scale tensor
+    has strides (1, M) (each group's M scales contiguous, as torch's blockwise scaled_mm takes them), else (G, 1)."""
     check(x.dim() == 2 and x.stride(-1) == 1 and group >= 1,
           f"fp8_quantize_rows: x must be [rows, K] with a contiguous last dim and group >= 1, got "
           f"{tuple(x.shape)} strides {x.stride()}, group {group}")
     m, k = x.shape
     g = triton.cdiv(k, group)
     q = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=x.device)
-    scale = torch.empty(m, g, dtype=torch.float32, device=x.device)
+    # empty_strided: a size-1 dim keeps the stride asked for (a transposed contiguous [G, M] would not at M = 1)
+    strides = (1, m) if m_major else (g, 1)
+    scale = torch.empty_strided((m, g), strides, dtype=torch.float32, device=x.device)
     if m and k:
         block = min(triton.next_power_of_2(min(group, k)), 2048)
         rows = min(triton.next_power_of_2(m), max(1, QUANT_TILE // block))
-        _quantize_kernel[(triton.cdiv(m, rows), g)](x, q, scale, m, k, g, group, x.stride(0), ROWS=rows, BLOCK=block,
-                                                     num_warps=4 if rows * block > 256 else 1, **pdl(x.device))
+        _quantize_kernel[(triton.cdiv(m, rows), g)](x, q, scale, m, k, g, group, x.stride(0), *strides, ROWS=rows,
+                                                     BLOCK=block, num_warps=4 if rows * block > 256 else 1,
+                                                     **pdl(x.device))
     return q, scale
 
 

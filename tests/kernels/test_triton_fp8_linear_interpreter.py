@@ -100,6 +100,48 @@ def gemv_checks() -> None:
     print("gemv checks passed")
 
 
+def cublas_layout_checks() -> None:
+    """What of the cuBLAS path (fp8_cublas.py) a CPU can check: the quantizer's M-major scales (bit-equal to the
+    row-major ones, strides (1, M) at M = 1 too), the weight's block scales derived from the per-row layout, both
+    accepted by torch's own shape and stride checks of the blockwise scaled_mm (its meta kernel: N a multiple of 128)
+    and a row-major activation scale or an unpadded weight scale refused; path() never picks cuBLAS off CUDA (no
+    probe runs), and block_n changes nothing there."""
+    import torch
+
+    from atom_kernels.triton import fp8_cublas
+    from atom_kernels.triton.fp8_linear import fp8_linear, path
+    from atom_kernels.triton.fp8_quant import fp8_quantize_rows
+
+    torch.manual_seed(0)
+    for m, k in ((1, 256), (5, 128), (70, 768)):
+        x = torch.randn(m, k, dtype=torch.bfloat16) * 3
+        (q, s), (q_m, s_m) = fp8_quantize_rows(x, 128), fp8_quantize_rows(x, 128, m_major=True)
+        assert s_m.stride() == (1, m) and s.stride() == (k // 128, 1), (s_m.stride(), s.stride())
+        assert torch.equal(s_m, s) and torch.equal(q_m.float(), q.float())
+    n, k, kb = 384, 768, 6  # 6 K blocks: padded to 8 for cuBLAS
+    blocks = torch.rand(3, kb) + 0.5
+    rows = blocks.repeat_interleave(128, 0)
+    scale_b = fp8_cublas.block_scales(rows)
+    assert scale_b.shape == (8, 3) and scale_b.stride() == (1, 8), (scale_b.shape, scale_b.stride())
+    assert torch.equal(scale_b[:kb], blocks.t()) and not scale_b[kb:].any()
+    assert fp8_cublas.block_scales(rows[:100, :4]).stride() == (1, 4)  # one block of rows: strides still (1, L4)
+    wq = torch.randn(n, k).to(torch.float8_e4m3fn)
+    meta = {name: t.to("meta") for name, t in dict(xq=q_m, xs=s_m, w=wq, sb=scale_b, xs_rows=s).items()}
+    y = fp8_cublas.scaled_mm(meta["xq"], meta["xs"], meta["w"], meta["sb"], None, torch.bfloat16)
+    assert y.shape == (70, n) and y.dtype == torch.bfloat16
+    for xs, sb in ((meta["xs_rows"], meta["sb"]), (meta["xs"], meta["sb"][:kb])):
+        try:
+            fp8_cublas.scaled_mm(meta["xq"], xs, meta["w"], sb, None, torch.bfloat16)
+        except RuntimeError:
+            continue
+        raise AssertionError(f"torch's checks took scale_a strides {xs.stride()}, scale_b {tuple(sb.shape)}")
+    x, scale = torch.randn(64, k, dtype=torch.bfloat16), rows
+    assert path(x, wq, 128, None, 128) == path(x, wq, 128, None, 0) == "tile" and not fp8_cublas._SUPPORT
+    assert path(x[:32], wq, 128, None, 128) == "gemv"
+    assert torch.equal(fp8_linear(x, wq, scale, 128, 128, None, None, 128), fp8_linear(x, wq, scale, 128, 128))
+    print("cublas layout checks passed")
+
+
 def test_block_scaled_fp8_gemm_under_the_interpreter():
     code = "from tests.kernels.test_triton_fp8_linear_interpreter import interpreter_checks; interpreter_checks()"
     run_under_interpreter(code, "interpreter checks passed")
@@ -108,6 +150,11 @@ def test_block_scaled_fp8_gemm_under_the_interpreter():
 def test_small_m_fp8_gemv_under_the_interpreter():
     code = "from tests.kernels.test_triton_fp8_linear_interpreter import gemv_checks; gemv_checks()"
     run_under_interpreter(code, "gemv checks passed")
+
+
+def test_cublas_path_layouts_under_the_interpreter():
+    code = "from tests.kernels.test_triton_fp8_linear_interpreter import cublas_layout_checks; cublas_layout_checks()"
+    run_under_interpreter(code, "cublas layout checks passed")
 
 
 SHAPES = {  # benchmarks/fp8_gemm.py's layers: (N, K)
@@ -184,3 +231,140 @@ def test_fp8_linear_misplaced_scale_block_fails_on_gpu(m):
         _assert_matches(fp8_linear(x, wq, scale.roll(1, 1), 128, 128), want)
     with pytest.raises(AssertionError):  # a neighbouring 128-row block's scales
         _assert_matches(fp8_linear(x, wq, scale.roll(128, 0), 128, 128), want)
+
+
+def _cublas_support(dtype=None):
+    """fp8_cublas' probe on this GPU (printed): on Hopper with torch's F.scaled_mm it must have found the blockwise
+    GEMM; elsewhere (torch runs it on sm_90 only) the test skips."""
+    import torch
+    import torch.nn.functional as F
+
+    from atom_kernels.triton import fp8_cublas
+
+    found = fp8_cublas.support(torch.device("cuda"), dtype or torch.bfloat16)
+    print(f"cuBLAS blockwise GEMM, {dtype or torch.bfloat16}: {found}")
+    if torch.cuda.get_device_capability()[0] != 9 or not hasattr(F, "scaled_mm"):
+        pytest.skip(f"torch's blockwise scaled_mm runs on sm_90 only (and torch >= 2.10): {found.note}")
+    return found
+
+
+@pytest.mark.gpu
+def test_cublas_blockwise_gemm_is_found_on_hopper():
+    found = _cublas_support()
+    assert found.aligned, found.note
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [64, 256, 4096])
+@pytest.mark.parametrize("layer", list(SHAPES))
+def test_fp8_linear_cublas_path_model_shapes_on_gpu(layer, m):
+    """block_n = 128 (whole 128-row blocks, as these weights are) at M >= CUBLAS_MIN_M: fp8_linear takes cuBLAS (N
+    with a partial last block only where the probe passed it), matches the reference as the tile kernel does, and
+    its output is cuBLAS' bits (cublas_linear called directly), not the tile kernel's."""
+    import torch
+
+    import atom_kernels
+    from atom_kernels.triton.fp8_cublas import cublas_linear
+    from atom_kernels.triton.fp8_linear import gemm, path
+
+    found = _cublas_support()
+    n, k = SHAPES[layer]
+    x, wq, scale, want = _gpu_case(m, n, k)
+    expected = "cublas" if found.aligned and (n % 128 == 0 or found.partial_n) else "tile"
+    assert path(x, wq, 128, None, 128) == expected, found
+    assert path(x, wq, 128, None, 0) == "tile"  # rows not known to be whole blocks: the tile kernel
+    got = atom_kernels.fp8_linear(x, wq, scale, 128, 128, None, None, 128)
+    _assert_matches(got, want)
+    if expected == "cublas":
+        assert torch.equal(got, cublas_linear(x, wq, scale, None))
+        assert not torch.equal(got, gemm(x, wq, scale, 128, None))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [64, 4096])
+def test_cublas_path_misplaced_scale_block_fails_on_gpu(m):
+    """Canary: scales shifted by one 128-column block, or by one 128-row block (still block-structured rows), on
+    the cuBLAS path must miss the reference."""
+    import atom_kernels
+    from atom_kernels.triton.fp8_linear import path
+
+    assert _cublas_support().aligned
+    x, wq, scale, want = _gpu_case(m, 4096, 7168)
+    assert path(x, wq, 128, None, 128) == "cublas"
+    for wrong in (scale.roll(1, 1), scale.roll(128, 0)):
+        with pytest.raises(AssertionError):
+            _assert_matches(atom_kernels.fp8_linear(x, wq, wrong, 128, 128, None, None, 128), want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [64, 256])
+def test_cublas_path_bias_on_gpu(m):
+    """A bf16 bias: cuBLAS' epilogue when the probe found it adding before the one rounding (the reference adds it
+    in float32 and rounds once), else the tile kernel; either way within the reference's tolerance."""
+    import torch
+
+    import atom_kernels
+    from atom_kernels.reference.fp8 import fp8_linear as reference
+    from atom_kernels.triton import fp8_cublas
+    from atom_kernels.triton.fp8_linear import path
+
+    found = _cublas_support()
+    assert found.aligned, found.note
+    x, wq, scale, _ = _gpu_case(m, 4096, 7168)
+    bias = torch.randn(4096, device="cuda", generator=torch.Generator(device="cuda").manual_seed(1)).bfloat16()
+    want = reference(x, wq, scale, 128, 128, None, bias)
+    assert path(x, wq, 128, bias, 128) == ("cublas" if found.bias else "tile")
+    assert path(x, wq, 128, bias.float(), 128) == "tile"  # a bias cuBLAS would have to round first
+    got = atom_kernels.fp8_linear(x, wq, scale, 128, 128, None, bias, 128)
+    _assert_matches(got, want)
+    if found.bias:
+        assert torch.equal(got, fp8_cublas.cublas_linear(x, wq, scale, bias))
+    assert fp8_cublas._bias_rounds_once(torch.device("cuda"), torch.bfloat16) == found.bias
+
+
+@pytest.mark.gpu
+def test_cublas_path_fp16_and_float32_on_gpu():
+    """fp16 takes cuBLAS where the probe passed it (else the tile kernel), within 1% of the reference in relative
+    L2; float32 activations always keep the tile kernel (cuBLAS would round the output to 16 bits)."""
+    import torch
+
+    import atom_kernels
+    from atom_kernels.reference.fp8 import fp8_linear as reference
+    from atom_kernels.triton.fp8_linear import path
+
+    found = _cublas_support(torch.float16)
+    x, wq, scale, _ = _gpu_case(256, 4096, 7168)
+    for dtype, expected in ((torch.float16, "cublas" if found.aligned else "tile"), (torch.float32, "tile")):
+        xd = x.to(dtype)
+        assert path(xd, wq, 128, None, 128) == expected, (dtype, found)
+        got = atom_kernels.fp8_linear(xd, wq, scale, 128, 128, None, None, 128)
+        want = reference(xd, wq, scale, 128, 128)
+        assert got.dtype == dtype
+        assert (got.float() - want.float()).norm() <= 1e-2 * want.float().norm()
+
+
+@pytest.mark.gpu
+def test_cublas_path_replays_in_a_cuda_graph_on_gpu():
+    """Captured once (the probe ran before, eagerly), replayed on new activations: cuBLAS' eager bits."""
+    import torch
+
+    import atom_kernels
+    from atom_kernels.triton.fp8_linear import path
+
+    assert _cublas_support().aligned
+    x, wq, scale, _ = _gpu_case(256, 4096, 7168)
+    assert path(x, wq, 128, None, 128) == "cublas"
+    static = x.clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the capture, as torch's CUDA-graph recipe does
+        atom_kernels.fp8_linear(static, wq, scale, 128, 128, None, None, 128)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = atom_kernels.fp8_linear(static, wq, scale, 128, 128, None, None, 128)
+    fresh = torch.randn_like(x)
+    static.copy_(fresh)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, atom_kernels.fp8_linear(fresh, wq, scale, 128, 128, None, None, 128))

@@ -77,7 +77,7 @@ def _shift_blocks(scale, rows, cols, block, name):
     return _EXPAND_SCALE(scale, rows, cols, block, name).roll(1, dims=1)
 
 
-def unquantized_activations(x, weight, weight_scale, block_k, act_group, input_scale=None, bias=None):
+def unquantized_activations(x, weight, weight_scale, block_k, act_group, input_scale=None, bias=None, block_n=0):
     """fp8_linear that forgets to quantize its input."""
     return fp8_linear(x, weight, weight_scale, block_k, 0, None, bias)
 
