@@ -120,6 +120,24 @@ def test_kv_cache_memory_sizes(text, expected):
     assert build_parser().parse_args(["generate", "--kv-cache-memory", text]).kv_cache_memory == expected
 
 
+def test_default_step_budget_follows_the_device(monkeypatch):
+    """max_num_batched_tokens unset: 2048 on CPU and on GPUs under 70 GiB, 8192 on larger ones (vLLM's server
+    default); 0 is refused, not taken for unset."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from atom_frontends.native.engine_args import EngineArgs, default_max_num_batched_tokens
+
+    assert default_max_num_batched_tokens(torch.device("cpu")) == 2048
+    for gib, want in ((141, 8192), (80, 8192), (48, 2048), (24, 2048)):
+        props = SimpleNamespace(total_memory=gib << 30)
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _device, p=props: p)
+        assert default_max_num_batched_tokens(torch.device("cuda", 0)) == want
+    with pytest.raises(ValueError, match="max_num_batched_tokens"):
+        EngineArgs(model="unused", max_num_batched_tokens=0)
+
+
 def test_max_num_batched_tokens_reaches_the_engine(tmp_path):
     """--max-num-batched-tokens sets the step budget of generate / chat / serve's engine (unset: EngineArgs'); a
     16-token budget chunks a longer prompt and greedy output is the same as unchunked."""
@@ -130,7 +148,7 @@ def test_max_num_batched_tokens_reaches_the_engine(tmp_path):
         args = build_parser().parse_args([command, "--max-num-batched-tokens", "48"])
         assert engine_kwargs(args)["max_num_batched_tokens"] == 48
     assert "max_num_batched_tokens" not in engine_kwargs(build_parser().parse_args(["generate"]))
-    assert EngineArgs.max_num_batched_tokens == 2048  # the help text's default
+    assert EngineArgs.max_num_batched_tokens is None  # default_max_num_batched_tokens: the help text's default
     prompt = ["generate", "--demo", "--prompt", "a longer prompt than sixteen tokens " * 3, "--max-tokens", "6",
               "--dtype", "float32", "--no-chat"]
     chunked = _outputs(_run([*prompt, "--max-num-batched-tokens", "16"], tmp_path))
