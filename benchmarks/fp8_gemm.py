@@ -8,8 +8,8 @@ per token and 128 columns. Every row is a whole linear as a layer runs it (activ
                    (these weights' rows are whole 128-row blocks, as an unfused layer's): the path it picks
   ours: tile       at M > 32, its two large-M paths forced: the Triton tile GEMM (fp8_linear.gemm) and cuBLAS'
   ours: cublas     blockwise GEMM after our quantizer (fp8_cublas.cublas_linear; where the probe found it), so the
-                   crossover M (CUBLAS_MIN_M in kernels/triton/fp8_linear.py) can be read off; the "crossover" table
-                   at the end lists both per shape and M
+                   crossover M by K (CUBLAS_MIN_M in kernels/triton/fp8_linear.py) can be read off; the
+                   "crossover" table at the end lists both per shape and M
   scaled_mm block  torch's blockwise scaled GEMM (1x128 x 128x128 scales) where this torch build has it (probed on
                    a small problem first; the header says which spelling or why none), activations quantized by
                    atom_kernels.reference.fp8.fp8_quantize
@@ -57,7 +57,7 @@ from atom_kernels.reference.fp8 import fp8_dequantize, fp8_quantize
 from atom_kernels.triton import fp8_cublas
 from atom_kernels.triton.attention.decode import num_sms
 from atom_kernels.triton.fp8_gemv import GEMV_MAX_M, gemv_config
-from atom_kernels.triton.fp8_linear import CUBLAS_MIN_M, gemm, gemm_tiles, path, tma_loads
+from atom_kernels.triton.fp8_linear import CUBLAS_MIN_M, cublas_min_m, gemm, gemm_tiles, path, tma_loads
 from atom_kernels.triton.fp8_quant import fp8_quantize_rows
 
 SHAPES = {  # layer → (N, K)
@@ -159,9 +159,9 @@ def ours_path(x: torch.Tensor, fns: dict) -> str:
         return f"GEMV, BLOCK_N {c['BLOCK_N']}, BLOCK_M {c['BLOCK_M']}, split-K {c['splits']} x {c['per']} blocks"
     tile = f"tile GEMM (BLOCK_M, BLOCK_N, warps, stages, GROUP_M) = {gemm_tiles(m, n, sms)}, TMA loads {tma_loads(wq)}"
     if kernel == "cublas":
-        return f"cuBLAS blockwise GEMM (M >= CUBLAS_MIN_M = {CUBLAS_MIN_M}); ours: tile is the {tile}"
+        return f"cuBLAS blockwise GEMM (M >= cublas_min_m(K) = {cublas_min_m(k)}); ours: tile is the {tile}"
     if "ours: cublas" in fns:
-        return f"{tile} (M < CUBLAS_MIN_M = {CUBLAS_MIN_M})"
+        return f"{tile} (M < cublas_min_m(K) = {cublas_min_m(k)})"
     return f"{tile} (cuBLAS: {fp8_cublas.support(x.device, x.dtype).note or 'outside fp8_cublas.fits'})"
 
 
@@ -260,12 +260,13 @@ def summary_table(say, rows, copy_bw) -> None:
 
 
 def crossover_table(say, rows) -> None:
-    """Ours' two large-M paths side by side (M > GEMV_MAX_M): where cuBLAS starts to win is CUBLAS_MIN_M's value."""
+    """Ours' two large-M paths side by side (M > GEMV_MAX_M): where cuBLAS starts to win, by K, sets CUBLAS_MIN_M."""
     pairs = [(model, layer, m, med) for model, layer, _, _, m, med, _, _ in rows
              if "ours: tile" in med and "ours: cublas" in med]
     if not pairs:
         return
-    say(f"\ncrossover (CUBLAS_MIN_M = {CUBLAS_MIN_M}): {'model':14s} {'layer':15s} {'M':>5s} {'tile us':>9s} "
+    say(f"\ncrossover (CUBLAS_MIN_M, (smallest K, smallest M): {CUBLAS_MIN_M}): {'model':14s} {'layer':15s} "
+        f"{'M':>5s} {'tile us':>9s} "
         f"{'cublas us':>9s} {'tile/cublas':>11s}")
     for model, layer, m, med in pairs:
         tile, cublas = med["ours: tile"], med["ours: cublas"]

@@ -1,12 +1,11 @@
 """fp8_linear for the fp8 block format (weight scales per 128 columns, activations per token and group of the same
 128 columns): a block-scaled GEMM over e4m3 operands, by M (`path` decides):
   - M <= GEMV_MAX_M (32): the weight-streaming GEMV of fp8_gemv.py (split-K, swapped tensor-core products);
-  - M >= CUBLAS_MIN_M (64) with block_n == block_k == 128 (the layer's rows are whole 128-row blocks, so one scale row
-    per block says it all) and a bf16 / fp16 activation, no bias or one cuBLAS adds before its one rounding, on a
-    GPU where torch's blockwise scaled_mm was found to match the reference (sm_90): cuBLAS, fp8_cublas.py. On the
-    H200 its GEMM alone ran at ~1300 TFLOP/s at M = 4096 (DeepSeek-V3's gate_up: the "scaled_mm block" row less its
-    reference quantization, benchmarks/results/fp8_gemm-2026-11-29-NVIDIA-H200-tma.txt) against the tile kernel's
-    630 at its best tiles;
+  - M >= cublas_min_m(K) (33 for K >= 7168, else 256: CUBLAS_MIN_M) with block_n == block_k == 128 (the layer's
+    rows are whole 128-row blocks, so one scale row per block says it all) and a bf16 / fp16 activation, no bias
+    or one cuBLAS adds before its one rounding, on a GPU where torch's blockwise scaled_mm was found to match the
+    reference (sm_90): cuBLAS, fp8_cublas.py. On the H200 it ran DeepSeek-V3's layers at M = 4096 in 0.49-0.61x the
+    tile kernel's time (benchmarks/results/fp8_gemm-2026-11-29-NVIDIA-H200-cublas.txt);
   - else the tile kernel here: float32 activations, fused layers or tensor-parallel slices whose row blocks start
     mid-way (block_n 0), other block sizes, K not a multiple of 128, other GPUs.
 
@@ -89,10 +88,17 @@ def _block_scaled_gemm(xq_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, KB,
 # on DeepSeek-V3's gate_up at M = 4096 (629 TFLOP/s against 556 for 128 x 128 with 8 warps) and o at M = 256 (123 us
 # against 165), within 7% of the fastest on Qwen3-30B-A3B's qkv at 256 and 4096.
 GEMM_TILES = ((64, (64, 64, 4, 4, 8)), (None, (64, 128, 4, 4, 8)))
-# From this M up, cuBLAS' blockwise GEMM (fp8_cublas.py) where it fits; below, the tile kernel. A first guess: on the
-# H200 cuBLAS' GEMM alone reached ~1300 TFLOP/s at M = 4096 against the tile kernel's 630. benchmarks/fp8_gemm.py
-# times both paths ("ours: tile", "ours: cublas") at every M > GEMV_MAX_M: set it at their crossover.
-CUBLAS_MIN_M = 64
+# From which M up cuBLAS' blockwise GEMM (fp8_cublas.py) runs where it fits, by K (smallest K, smallest M); below, the
+# tile kernel. The H200 crossover (benchmarks/fp8_gemm.py's "ours: tile" vs "ours: cublas" at M 40..4096, 2026-11-29,
+# benchmarks/results/fp8_gemm-2026-11-29-NVIDIA-H200-cublas.txt): with K >= 7168 cuBLAS was 1.05-2.06x faster at
+# every M above the GEMV's (DeepSeek-V3's fused_qkv_a, o, gate_up, down, shared gate_up); with K <= 4096 the tile
+# kernel was faster up to M = 64-128 (cuBLAS 0.61-0.89x: DeepSeek-V3's q_b and shared down, Qwen3-30B-A3B's qkv, o),
+# even at 256 (0.66-1.49x) and slower at 4096 (cuBLAS 1.05-1.64x).
+CUBLAS_MIN_M = ((7168, GEMV_MAX_M + 1), (0, 256))
+
+
+def cublas_min_m(k: int) -> int:
+    return next(m for min_k, m in CUBLAS_MIN_M if k >= min_k)
 
 
 def gemm_tiles(m: int, n: int, sms: int) -> tuple[int, int, int, int, int]:
@@ -132,12 +138,12 @@ def fp8_linear(x, weight, weight_scale, block_k, act_group, input_scale=None, bi
 
 def path(x, weight, block_k, bias, block_n) -> str:
     """The kernel fp8_linear runs x [M, K] (contiguous) on, for the inputs it keeps from the reference (block-scaled
-    weight, activation groups of block_k, no input_scale): "gemv" (M <= GEMV_MAX_M), "cublas" (M >= CUBLAS_MIN_M,
+    weight, activation groups of block_k, no input_scale): "gemv" (M <= GEMV_MAX_M), "cublas" (M >= cublas_min_m(K),
     rows block-structured in 128x128 blocks and fp8_cublas.fits: device, dtype, shape, bias) or "tile"."""
     m = x.shape[0]
     if m <= GEMV_MAX_M:
         return "gemv"
-    if m >= CUBLAS_MIN_M and block_n == block_k == fp8_cublas.BLOCK and fp8_cublas.fits(x, weight, bias):
+    if m >= cublas_min_m(x.shape[1]) and block_n == block_k == fp8_cublas.BLOCK and fp8_cublas.fits(x, weight, bias):
         return "cublas"
     return "tile"
 

@@ -255,22 +255,23 @@ def test_cublas_blockwise_gemm_is_found_on_hopper():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [64, 256, 4096])
+@pytest.mark.parametrize("m", [40, 64, 256, 4096])
 @pytest.mark.parametrize("layer", list(SHAPES))
 def test_fp8_linear_cublas_path_model_shapes_on_gpu(layer, m):
-    """block_n = 128 (whole 128-row blocks, as these weights are) at M >= CUBLAS_MIN_M: fp8_linear takes cuBLAS (N
-    with a partial last block only where the probe passed it), matches the reference as the tile kernel does, and
-    its output is cuBLAS' bits (cublas_linear called directly), not the tile kernel's."""
+    """block_n = 128 (whole 128-row blocks, as these weights are) at M >= cublas_min_m(K): fp8_linear takes cuBLAS
+    (N with a partial last block only where the probe passed it), matches the reference as the tile kernel does, and
+    its output is cuBLAS' bits (cublas_linear called directly), not the tile kernel's; below, the tile kernel's."""
     import torch
 
     import atom_kernels
     from atom_kernels.triton.fp8_cublas import cublas_linear
-    from atom_kernels.triton.fp8_linear import gemm, path
+    from atom_kernels.triton.fp8_linear import cublas_min_m, gemm, path
 
     found = _cublas_support()
     n, k = SHAPES[layer]
     x, wq, scale, want = _gpu_case(m, n, k)
-    expected = "cublas" if found.aligned and (n % 128 == 0 or found.partial_n) else "tile"
+    fits = found.aligned and (n % 128 == 0 or found.partial_n)
+    expected = "cublas" if fits and m >= cublas_min_m(k) else "tile"
     assert path(x, wq, 128, None, 128) == expected, found
     assert path(x, wq, 128, None, 0) == "tile"  # rows not known to be whole blocks: the tile kernel
     got = atom_kernels.fp8_linear(x, wq, scale, 128, 128, None, None, 128)
@@ -278,6 +279,8 @@ def test_fp8_linear_cublas_path_model_shapes_on_gpu(layer, m):
     if expected == "cublas":
         assert torch.equal(got, cublas_linear(x, wq, scale, None))
         assert not torch.equal(got, gemm(x, wq, scale, 128, None))
+    else:
+        assert torch.equal(got, gemm(x, wq, scale, 128, None))
 
 
 @pytest.mark.gpu
