@@ -9,6 +9,7 @@ atom-core's layers repeat them over each block's rows, [N, ceil(K / 128)] (docs/
 from __future__ import annotations
 
 import functools
+import inspect
 
 import torch
 
@@ -90,6 +91,11 @@ def vllm_block_gemms() -> tuple[dict, str]:
     except Exception as e:  # noqa: BLE001
         return {}, f"vllm not importable ({type(e).__name__}: {str(e).splitlines()[0][:100]})"
     quant = fp8_utils.per_token_group_quant_fp8
+    if "use_ue8m0" in inspect.signature(quant).parameters:
+        # vLLM 0.32 may default to power-of-two (UE8M0) activation scales, rounded down, as its DeepGEMM path takes
+        # them (with weights requantized to match); the Triton and CUTLASS GEMMs timed here take float32 scales
+        # (H200 2026-11-29 without this: both vLLM rows 4e-2 off the reference, "WRONG"; not yet re-run).
+        quant = functools.partial(quant, use_ue8m0=False)
     triton_mm = getattr(fp8_utils, "w8a8_triton_block_scaled_mm", None) or fp8_utils.w8a8_block_fp8_matmul
     fns = {"vllm triton": functools.partial(_triton_call, triton_mm, quant)}
     try:

@@ -168,7 +168,7 @@ def servers(args) -> list[tuple[str, list[str], dict]]:
     """(label, command without the port, environment) of each server."""
     common = ["--served-model-name", NAME, "--dtype", args.dtype, "--max-num-seqs", str(args.max_num_seqs),
               "--max-model-len", str(args.input_len + args.output_len + 64), "--disable-uvicorn-access-log"]
-    if args.max_num_batched_tokens:  # else each server's own default (vLLM's: 8192 on an H100/H200, ours 2048)
+    if args.max_num_batched_tokens:  # else each server's own default (both: 8192 on a GPU of >= 70 GiB, else 2048)
         common += ["--max-num-batched-tokens", str(args.max_num_batched_tokens)]
     vllm_env = {**os.environ, "VLLM_PLUGINS": "", "ATOM_DISABLE_FRONTENDS": "vllm"}
     atom = [sys.executable, "-m", "atom_frontends.native.cli", "serve", "--model", args.model, *common]
