@@ -10,7 +10,6 @@ dies, requests in flight and new ones get 503, the server stops and exits 1.
 from __future__ import annotations
 
 import argparse
-import gc
 import logging
 import signal
 
@@ -26,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
     from atom_frontends.native.async_engine import AsyncLLMEngine
     from atom_frontends.native.cli import engine_kwargs
     from atom_frontends.native.engine_args import EngineArgs
-    from atom_frontends.native.engine_core import freeze_heap
+    from atom_frontends.native.engine_core import frozen_heap
     from atom_frontends.native.serve.app import build_app
 
     engine = AsyncLLMEngine(EngineArgs(model=args.model, max_num_seqs=args.max_num_seqs, **engine_kwargs(args)),
@@ -45,11 +44,10 @@ def run(args: argparse.Namespace) -> int:
         # first: the default ones would kill the process after a clean shutdown (exit -15, or a KeyboardInterrupt
         # traceback). Ours have nothing left to do.
         previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
-        freeze_heap()
         try:
-            server.run()
+            with frozen_heap():
+                server.run()
         finally:
-            gc.unfreeze()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
     finally:
