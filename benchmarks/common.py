@@ -40,6 +40,9 @@ SMALL_QWEN3 = dict(vocab_size=4096, hidden_size=256, intermediate_size=768, num_
 QWEN3_06B = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
                  num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True,
                  max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6)
+# Qwen3-8B: a dense model whose batch-1 decode is a weight read (16 GB of bf16 a step), unlike 0.6B's (launch-bound)
+QWEN3_8B = dict(QWEN3_06B, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+                tie_word_embeddings=False)
 QWEN3_30B_A3B = dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
                      num_experts=128, num_experts_per_tok=8, norm_topk_prob=True, mlp_only_layers=[],
                      decoder_sparse_step=1, num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4,
@@ -57,7 +60,8 @@ DEEPSEEK_V3 = dict(vocab_size=129280, hidden_size=7168, intermediate_size=18432,
                                     "original_max_position_embeddings": 4096, "mscale": 1.0, "mscale_all_dim": 1.0,
                                     "beta_fast": 32, "beta_slow": 1},
                    max_position_embeddings=163840, rms_norm_eps=1e-6, tie_word_embeddings=False)
-SHAPES = {"qwen3-0.6b": ("Qwen3ForCausalLM", QWEN3_06B), "qwen3-30b-a3b-4l": ("Qwen3MoeForCausalLM", QWEN3_30B_A3B_4L),
+SHAPES = {"qwen3-0.6b": ("Qwen3ForCausalLM", QWEN3_06B), "qwen3-8b": ("Qwen3ForCausalLM", QWEN3_8B),
+          "qwen3-30b-a3b-4l": ("Qwen3MoeForCausalLM", QWEN3_30B_A3B_4L),
           "qwen3-30b-a3b": ("Qwen3MoeForCausalLM", QWEN3_30B_A3B),
           "deepseek-v3": ("DeepseekV3ForCausalLM", DEEPSEEK_V3)}
 # The released FP8 block format's quantization_config (DeepSeek-V3, the Qwen3-FP8 releases): e4m3 weights, a float32

@@ -13,7 +13,7 @@ goal at batch 1: >= 1.5).
 from __future__ import annotations
 
 from common import FP8_BLOCK, SHAPES, copy_bandwidth, random_prompts, shaped_checkpoint
-from native_gpu import PROMPT, free_gpu, native_decode, native_engine
+from native_gpu import PROMPT, free_gpu, native_decode, native_engine, profile
 
 BATCHES = (1, 32)
 
@@ -36,9 +36,20 @@ def decode_rows(path: str, vocab: int) -> tuple[dict[int, tuple[float, float]], 
     return rows, nbytes
 
 
+def checkpoints(shape: str) -> dict[str, str]:
+    """{"bf16": config-only checkpoint of the shape, "fp8": the same in the FP8 block format}."""
+    return {"bf16": shaped_checkpoint(None, shape, weights=False),
+            "fp8": shaped_checkpoint(None, shape, weights=False, quantization_config=FP8_BLOCK)}
+
+
+def profiles(shape: str) -> None:
+    """--quant fp8 --profile: native_gpu.py's profile of each checkpoint (where an FP8 step's time goes)."""
+    for name, path in checkpoints(shape).items():
+        profile(path, f"{shape} {name}: ", load_format="dummy")
+
+
 def fp8_vs_bf16(shape: str) -> None:
-    paths = {"bf16": shaped_checkpoint(None, shape, weights=False),
-             "fp8": shaped_checkpoint(None, shape, weights=False, quantization_config=FP8_BLOCK)}
+    paths = checkpoints(shape)
     bw = copy_bandwidth()
     runs = {name: decode_rows(path, SHAPES[shape][1]["vocab_size"]) for name, path in paths.items()}
     print(f"\n{shape}, random weights drawn at load; copy bandwidth {bw / 1e12:.2f} TB/s; weights "

@@ -28,7 +28,8 @@ top-8, expert intermediate 768; ~2.5 B parameters) instead; its roofline counts 
 experts a decode step touches (E * (1 - (1 - k/E)^batch) per MoE layer), not all of them.
 
 --quant fp8: the same shape as bf16 and as an FP8 block-quantized checkpoint, both with random weights drawn at load
-(native_fp8.py): decode tok/s at batch 1 and 32, the FP8 / bf16 ratio last.
+(native_fp8.py): decode tok/s at batch 1 and 32, the FP8 / bf16 ratio last; with --profile, the profile below of each.
+--shape qwen3-8b: a dense shape whose batch-1 decode step is a weight read (16 GB of bf16), for --quant fp8.
 
 --profile: only a profile of the default engine (gpu_profile.py: GPU kernels by kind, top kernels, wall vs GPU);
 with --throughput, of the offline workload.
@@ -388,21 +389,25 @@ def throughput_profile(path: str, kv_cache_dtype: str) -> None:
                        f"offline workload (KV {kv_cache_dtype})", top=25, host_top=20))
 
 
-def profile(path: str) -> None:
+def profile(path: str, label: str = "", **kw) -> None:
     """The default engine at batch 1 and 32: a 33-token generate (1 prefill + 32 decode steps, graphs) under the
-    profiler, after the same generate once untimed: GPU kernels by kind, the top kernels, wall vs GPU time."""
+    profiler, after the same generate once untimed: GPU kernels by kind, the top kernels, wall vs GPU time. kw: more
+    engine arguments (native_fp8.py: load_format "dummy")."""
     from gpu_profile import profile_call
 
     from atom_frontends.native import SamplingParams
 
     llm = native_engine(path, fused=envs.ATOM_FUSED_QK_NORM_ROPE is not False, max_num_seqs=32,
-                        kv_cache_memory=8 << 30, enable_prefix_caching=False)
-    vocab = QWEN3_06B["vocab_size"]  # both shapes share it
+                        kv_cache_memory=8 << 30, enable_prefix_caching=False, **kw)
+    vocab = QWEN3_06B["vocab_size"]  # every Qwen3 shape shares it
     params = SamplingParams(temperature=0, max_tokens=33, ignore_eos=True)
     for b in (1, 32):
         prompts = random_prompts(b, PROMPT, vocab, seed=b)
         llm.generate(prompts, params, use_tqdm=False)
-        print(profile_call(partial(llm.generate, prompts, params, use_tqdm=False), f"33-token batch-{b} generate"))
+        print(profile_call(partial(llm.generate, prompts, params, use_tqdm=False),
+                           f"{label}33-token batch-{b} generate"))
+    del llm
+    free_gpu()
 
 
 def main() -> None:
@@ -414,14 +419,15 @@ def main() -> None:
     ap.add_argument("--overlap", choices=["both", "on", "off"], default="both",
                     help="overlap scheduling of the native engine: both (a before/after in one run), on or off")
     ap.add_argument("--kv-cache-dtype", choices=["auto", "fp8"], default="auto", help="--throughput's KV cache")
-    ap.add_argument("--quant", choices=["fp8"], help="decode of an FP8 block-quantized checkpoint vs bf16 (alone)")
+    ap.add_argument("--quant", choices=["fp8"], help="decode of an FP8 block-quantized checkpoint vs bf16 (alone; "
+                    "with --profile: the profile of each)")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     if args.quant:
         import native_fp8
 
         print(f"{datetime.date.today()} {torch.cuda.get_device_name()} torch {torch.__version__}")
-        return native_fp8.fp8_vs_bf16(args.shape)
+        return (native_fp8.profiles if args.profile else native_fp8.fp8_vs_bf16)(args.shape)
     path = shaped_checkpoint(args.checkpoint, args.shape)
     print(f"{datetime.date.today()} {torch.cuda.get_device_name()} torch {torch.__version__}; "
           f"{args.shape}-shaped random checkpoint, bf16")
