@@ -4,11 +4,11 @@ Shapes: the linear layers of DeepSeek-V3 (MLA projections, the dense MLP of its 
 Qwen3-30B-A3B (attention; one expert's GEMMs), N x K unsharded, at M = 1, 32, 256, 4096 rows; bf16 in and out,
 e4m3 weights with 128x128 block scales (random, std 1/sqrt(K), quantized as the releases do), activations quantized
 per token and 128 columns. Every row is a whole linear as a layer runs it (activation quantization + GEMM):
-  ours             atom_kernels.fp8_linear on CUDA (the dispatcher's kernels/triton/fp8_linear.py) with block_n = 128
+  ours             atom_kernels.fp8_linear on CUDA (the dispatcher's triton/fp8_linear.py) with block_n = 128
                    (these weights' rows are whole 128-row blocks, as an unfused layer's): the path it picks
   ours: tile       at M > 32, its two large-M paths forced: the Triton tile GEMM (fp8_linear.gemm) and cuBLAS'
   ours: cublas     blockwise GEMM after our quantizer (fp8_cublas.cublas_linear; where the probe found it), so the
-                   crossover M by K (CUBLAS_MIN_M in kernels/triton/fp8_linear.py) can be read off; the
+                   crossover M by K (CUBLAS_MIN_M in atom_kernels/triton/fp8_linear.py) can be read off; the
                    "crossover" table at the end lists both per shape and M
   scaled_mm block  torch's blockwise scaled GEMM (1x128 x 128x128 scales) where this torch build has it (probed on
                    a small problem first; the header says which spelling or why none), activations quantized by
@@ -30,7 +30,7 @@ bandwidth (goal >= 0.7). Needs a CUDA GPU.
     python benchmarks/fp8_gemm.py --m 40 48 64 96 128 256   # the tile / cuBLAS crossover, for CUBLAS_MIN_M
     python benchmarks/fp8_gemm.py --sweep [--layers "dsv3 mlp gate_up" ...] [--m 256 4096]
 --sweep times ours' tile GEMM (M > 32) under every candidate of SWEEP instead, fastest first, beside GEMM_TILES'
-choice: what to write into GEMM_TILES (kernels/triton/fp8_linear.py).
+choice: what to write into GEMM_TILES (atom_kernels/triton/fp8_linear.py).
 """
 
 from __future__ import annotations

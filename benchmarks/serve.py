@@ -62,8 +62,6 @@ def free_port() -> int:
 def start(cmd: list[str], env: dict, port: int, log_path: str, timeout: float = 600) -> subprocess.Popen:
     """Start a server and wait for its /health."""
     log = open(log_path, "w")
-    # cwd elsewhere: `python -m` puts the cwd on sys.path, and this repo's kernels/ folder would shadow
-    # the PyPI package `kernels` that transformers probes for
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=os.path.dirname(log_path))
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

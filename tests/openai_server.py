@@ -24,8 +24,6 @@ def server(cmd: list[str], port: int, log_dir: Path, env: dict | None = None, ti
     """Run `cmd` until the block ends; yields the base URL once GET /health answers 200."""
     log_path = log_dir / "server.log"
     with open(log_path, "w") as log:
-        # cwd outside the repo: `python -m` puts the cwd on sys.path, and the repo's kernels/ folder would shadow
-        # the PyPI package `kernels` that transformers probes for
         proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT,
                                 cwd=log_dir)
     try:

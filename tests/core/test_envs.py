@@ -13,8 +13,8 @@ import pytest
 from atom_kernels import envs
 
 ROOT = Path(__file__).resolve().parents[2]
-LIBRARY = ("atom_core", "kernels", "frontends")
-ENVS_FILE = ROOT / "kernels" / "envs.py"
+LIBRARY = ("atom_core", "atom_kernels", "frontends")
+ENVS_FILE = ROOT / "atom_kernels" / "envs.py"
 
 
 def library_files():

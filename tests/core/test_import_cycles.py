@@ -14,7 +14,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 # import name → folder (pyproject's package-dir)
-PACKAGES = {"atom_core": ROOT / "atom_core", "atom_kernels": ROOT / "kernels", "atom_frontends": ROOT / "frontends"}
+PACKAGES = {"atom_core": ROOT / "atom_core", "atom_kernels": ROOT / "atom_kernels",
+            "atom_frontends": ROOT / "frontends"}
 
 
 def modules_of(name: str, folder: Path) -> dict[str, Path]:

@@ -9,7 +9,7 @@ import pytest
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
 ROOT = Path(__file__).resolve().parents[2]
-FOLDERS = {"atom_core": "atom_core", "kernels": "atom_kernels", "frontends": "atom_frontends"}
+FOLDERS = {"atom_core": "atom_core", "atom_kernels": "atom_kernels", "frontends": "atom_frontends"}
 
 
 def test_every_package_folder_is_listed():
@@ -20,4 +20,5 @@ def test_every_package_folder_is_listed():
             rel = init.parent.relative_to(ROOT / folder).parts
             found.add(".".join((name, *rel)))
     assert found == set(cfg["packages"])
-    assert cfg["package-dir"] == {"atom_core": "atom_core", "atom_kernels": "kernels", "atom_frontends": "frontends"}
+    assert cfg["package-dir"] == {"atom_core": "atom_core", "atom_kernels": "atom_kernels",
+                                  "atom_frontends": "frontends"}

@@ -132,23 +132,20 @@ def _fused_moe(hidden, w13, w2, topk_weights, topk_ids):
 # grids in Python and read cached device properties; traced, fp8_linear's reference would dequantize the whole weight
 # in every step, where the op runs the Triton GEMM on the e4m3 weight. Library
 # registration (not torch.library.custom_op): a few µs per eager call instead of ~20.
-# Only under our import name: with the repo root on sys.path, `import kernels` (transformers probes the hub's
-# `kernels` package) runs this file a second time, and an op is defined once per process.
-if __name__ == "atom_kernels":
-    _LIB = torch.library.Library("atom_kernels", "FRAGMENT")
-    _LIB.define("fused_moe(Tensor hidden, Tensor w13, Tensor w2, Tensor topk_weights, Tensor topk_ids) -> Tensor")
-    _LIB.impl("fused_moe", _fused_moe, "CompositeExplicitAutograd")
-    _LIB.define("fp8_fused_moe(Tensor hidden, Tensor w13, Tensor w2, Tensor w13_scale, Tensor w2_scale, "
-                "Tensor topk_weights, Tensor topk_ids, int block_k, int act_group) -> Tensor")
-    _LIB.impl("fp8_fused_moe", _fp8_fused_moe, "CompositeExplicitAutograd")
-    for _op in ("fused_moe", "fp8_fused_moe"):
-        torch.library.register_fake(f"atom_kernels::{_op}", lambda hidden, *args: torch.empty_like(hidden), lib=_LIB)
-    _LIB.define("fp8_linear(Tensor x, Tensor weight, Tensor weight_scale, int block_k, int act_group, "
-                "Tensor? input_scale=None, Tensor? bias=None, int block_n=0) -> Tensor")
-    _LIB.impl("fp8_linear", _fp8_linear, "CompositeExplicitAutograd")
-    torch.library.register_fake("atom_kernels::fp8_linear",
-                                lambda x, weight, *args, **kwargs: x.new_empty(*x.shape[:-1], weight.shape[0]),
-                                lib=_LIB)
+_LIB = torch.library.Library("atom_kernels", "FRAGMENT")
+_LIB.define("fused_moe(Tensor hidden, Tensor w13, Tensor w2, Tensor topk_weights, Tensor topk_ids) -> Tensor")
+_LIB.impl("fused_moe", _fused_moe, "CompositeExplicitAutograd")
+_LIB.define("fp8_fused_moe(Tensor hidden, Tensor w13, Tensor w2, Tensor w13_scale, Tensor w2_scale, "
+            "Tensor topk_weights, Tensor topk_ids, int block_k, int act_group) -> Tensor")
+_LIB.impl("fp8_fused_moe", _fp8_fused_moe, "CompositeExplicitAutograd")
+for _op in ("fused_moe", "fp8_fused_moe"):
+    torch.library.register_fake(f"atom_kernels::{_op}", lambda hidden, *args: torch.empty_like(hidden), lib=_LIB)
+_LIB.define("fp8_linear(Tensor x, Tensor weight, Tensor weight_scale, int block_k, int act_group, "
+            "Tensor? input_scale=None, Tensor? bias=None, int block_n=0) -> Tensor")
+_LIB.impl("fp8_linear", _fp8_linear, "CompositeExplicitAutograd")
+torch.library.register_fake("atom_kernels::fp8_linear",
+                            lambda x, weight, *args, **kwargs: x.new_empty(*x.shape[:-1], weight.shape[0]),
+                            lib=_LIB)
 
 
 def fused_moe(hidden, w13, w2, topk_weights, topk_ids):
