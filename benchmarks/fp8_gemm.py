@@ -30,7 +30,9 @@ bandwidth (goal >= 0.7). Needs a CUDA GPU.
     python benchmarks/fp8_gemm.py --m 40 48 64 96 128 256   # the tile / cuBLAS crossover, for CUBLAS_MIN_M
     python benchmarks/fp8_gemm.py --sweep [--layers "dsv3 mlp gate_up" ...] [--m 256 4096]
 --sweep times ours' tile GEMM (M > 32) under every candidate of SWEEP instead, fastest first, beside GEMM_TILES'
-choice: what to write into GEMM_TILES (atom_kernels/triton/fp8_linear.py).
+choice: what to write into GEMM_TILES (atom_kernels/triton/fp8_linear.py); at M <= 32 ours' GEMV under GEMV_SWEEP
+(programs per SM through the split-K count, pipeline stages, warps) beside gemv_config's choice, with the weight
+bandwidth as a fraction of copy: what to write into gemv_config (atom_kernels/triton/fp8_gemv.py).
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ from atom_kernels import dispatch
 from atom_kernels.reference.fp8 import fp8_dequantize, fp8_quantize
 from atom_kernels.triton import fp8_cublas
 from atom_kernels.triton.attention.decode import num_sms
-from atom_kernels.triton.fp8_gemv import GEMV_MAX_M, gemv_config
+from atom_kernels.triton.fp8_gemv import GEMV_MAX_M, MIN_BLOCKS_PER_SPLIT, fp8_gemv, gemv_config
 from atom_kernels.triton.fp8_linear import CUBLAS_MIN_M, cublas_min_m, gemm, gemm_tiles, path, tma_loads
 from atom_kernels.triton.fp8_quant import fp8_quantize_rows
 
@@ -65,6 +67,7 @@ SHAPES = {  # layer → (N, K)
              "mlp down": (7168, 18432), "shared gate_up": (4096, 7168), "shared down": (7168, 2048)},
     "qwen3-30b-a3b": {"qkv": (5120, 2048), "o": (2048, 4096), "expert gate_up": (1536, 2048),
                       "expert down": (2048, 768)},
+    "qwen3-8b": {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288)},
 }
 ROWS = (1, 32, 64, 256, 4096)
 # --sweep's tile candidates (BLOCK_M, BLOCK_N, warps, stages, GROUP_M), each with TMA and with pointer loads, and
@@ -72,6 +75,8 @@ ROWS = (1, 32, 64, 256, 4096)
 SWEEP = [(bm, bn, w, st, 8) for bm in (64, 128) for bn in (64, 128, 256) for w in (4, 8) for st in (3, 4)
          if not (bm == 128 and bn == 256 and st == 4)]  # 192 KB of stages: over the SM's budget
 SWEEP_LAYERS = ("dsv3 mlp gate_up", "dsv3 o", "qwen3-30b-a3b qkv")
+# --sweep's GEMV candidates (M <= 32): (programs per SM aimed at through the split-K count, stages, warps)
+GEMV_SWEEP = [(p, st, w) for p in (1, 2, 4, 8) for st in (3, 4, 6, 8) for w in (4, 8)]
 ROUNDS, REPS = 3, 10
 TOL = 3e-2
 INFO = ("quantize: reference", "quantize: triton")  # timed, never ranked
@@ -187,6 +192,32 @@ def sweep(say, n: int, k: int, m: int) -> None:
         say(f"  {len(failed)} candidates failed, e.g. {next(iter(failed.values()))}")
 
 
+def sweep_gemv(say, n: int, k: int, m: int, copy_bw: float) -> None:
+    """Ours' GEMV on one shape under every GEMV_SWEEP candidate (and gemv_config's choice), fastest first."""
+    g = torch.Generator(device="cuda").manual_seed(m + n + k)
+    wq, ws = block_quantize(torch.randn(n, k, device="cuda", generator=g) * k**-0.5)
+    ws_rows = rows_layout(ws, n)
+    x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
+    sms, kb, tiles = num_sms(x.device), ws_rows.shape[1], -(-n // 64)
+    chosen = gemv_config(m, n, kb, sms)
+    configs = {"gemv_config": {}}
+    for per_sm, stages, warps in GEMV_SWEEP:
+        split = max(1, min(-(-per_sm * sms // tiles), kb // MIN_BLOCKS_PER_SPLIT))
+        per = -(-kb // split)
+        configs[f"{per_sm}/SM splits {-(-kb // per):3d} stages {stages} warps {warps}"] = dict(
+            splits=-(-kb // per), per=per, num_stages=stages, num_warps=warps)
+    fns = {name: functools.partial(fp8_gemv, x, wq, ws_rows, BLOCK, None, **cfg) for name, cfg in configs.items()}
+    times, failed = gpu_times(fns, ROUNDS, REPS)
+    weight_bytes = wq.numel() + ws_rows.numel() * 4
+    say(f"  gemv_config: splits {chosen['splits']}, stages {chosen['num_stages']}, warps {chosen['num_warps']}")
+    for med, name in sorted((summary(t, ROUNDS)[0], name) for name, t in times.items())[:8]:
+        say(f"  {name:40s} {med * 1e3:8.1f} us  {weight_bytes / med / 1e9 / (copy_bw / 1e9) * 1e3:5.2f} of copy")
+    if "gemv_config" in times:
+        say(f"  gemv_config's: {summary(times['gemv_config'], ROUNDS)[0] * 1e3:.1f} us")
+    if failed:
+        say(f"  {len(failed)} candidates failed, e.g. {next(iter(failed.values()))}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", choices=sorted(SHAPES), default=list(SHAPES))
@@ -202,12 +233,13 @@ def main() -> int:
     say = report.say
     say(report.header())
     if args.sweep:
+        copy_bw = copy_bandwidth()
         for name in args.layers:
             model, layer = name.split(" ", 1)
             n, k = SHAPES[model][layer]
-            for m in (m for m in args.m if m > GEMV_MAX_M):
+            for m in args.m:
                 say(f"\nsweep {name} {n} x {k}, M = {m} (fastest first):")
-                sweep(say, n, k, m)
+                (sweep(say, n, k, m) if m > GEMV_MAX_M else sweep_gemv(say, n, k, m, copy_bw))
         report.save(args.out)
         return 0
     blockwise, note = torch_blockwise_mm()
