@@ -86,6 +86,21 @@ def silu_and_mul_linear(x, weight, bias=None, packed=None):
     return dispatch.get("silu_and_mul_linear", x.device)(x, weight, bias, packed)
 
 
+def rms_norm_fp8_linear(x, residual, norm_weight, eps, weight, weight_scale, block_k, act_group, input_scale=None,
+                        bias=None, block_n=0):
+    """rms_norm_linear for an fp8 weight (fp8_linear's arguments): (fp8_linear(rms_norm(x + residual)), x +
+    residual), the activation quantized inside the norm's kernel where the device has one."""
+    return dispatch.get("rms_norm_fp8_linear", x.device)(x, residual, norm_weight, eps, weight, weight_scale, block_k,
+                                                         act_group, input_scale, bias, block_n)
+
+
+def silu_and_mul_fp8_linear(x, weight, weight_scale, block_k, act_group, input_scale=None, bias=None, block_n=0):
+    """silu_and_mul_linear for an fp8 weight (fp8_linear's arguments), the activation quantized inside the SiLU's
+    kernel where the device has one."""
+    return dispatch.get("silu_and_mul_fp8_linear", x.device)(x, weight, weight_scale, block_k, act_group,
+                                                             input_scale, bias, block_n)
+
+
 def fp8_quantize(x, group, input_scale=None):
     """x [..., K] → (float8_e4m3fn [..., K], float32 scales [..., ceil(K / group)]) per token and group of `group`
     columns; with input_scale ([1]): that static scale. See atom_kernels.reference.fp8."""
@@ -177,4 +192,5 @@ __all__ = [
     "dispatch", "write_kv_cache", "paged_attention", "fused_qk_norm_rope_write_kv", "rms_norm", "rotary",
     "silu_and_mul", "fused_moe", "write_latent_cache", "mla_attention", "mla_kv_indices", "linear", "pack_linear",
     "rms_norm_linear", "silu_and_mul_linear", "sample_tokens", "fp8_quantize", "fp8_linear", "fp8_fused_moe",
+    "rms_norm_fp8_linear", "silu_and_mul_fp8_linear",
 ]

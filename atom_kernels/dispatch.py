@@ -37,10 +37,14 @@ OPS = (
     "write_kv_cache", "paged_attention", "fused_qk_norm_rope_write_kv", "rms_norm", "rotary", "silu_and_mul",
     "fused_moe", "write_latent_cache", "mla_attention", "mla_kv_indices", "linear", "pack_linear",
     "rms_norm_linear", "silu_and_mul_linear", "sample_tokens", "fp8_quantize", "fp8_linear", "fp8_fused_moe",
+    "rms_norm_fp8_linear", "silu_and_mul_fp8_linear",
 )
 BACKENDS = ("provided", "triton", "cpu", "torch")
 # Pure tensor maths with no device sync and no data-dependent shape: traced as the reference under a compiler.
-COMPILER_FUSES = frozenset({"rms_norm", "rotary", "silu_and_mul", "rms_norm_linear", "silu_and_mul_linear"})
+# (The fp8 fused ops trace as their reference: the norm or activation, which the compiler fuses, then fp8_linear, a
+# library op it leaves alone.)
+COMPILER_FUSES = frozenset({"rms_norm", "rotary", "silu_and_mul", "rms_norm_linear", "silu_and_mul_linear",
+                            "rms_norm_fp8_linear", "silu_and_mul_fp8_linear"})
 # The _RESOLVED key of those traced calls: no device type is named so, and every device but CUDA runs the
 # torch reference (backend_for).
 _TRACED = "traced"
@@ -70,6 +74,8 @@ _TRITON = {
     "fp8_quantize": "fp8_quant:fp8_quantize",
     "fp8_linear": "fp8_linear:fp8_linear",  # the fp8 block format; other schemes run the reference inside
     "fp8_fused_moe": "moe.fp8:fp8_fused_moe",
+    "rms_norm_fp8_linear": "fp8_prologue:rms_norm_fp8_linear",  # the quantization in the norm's kernel
+    "silu_and_mul_fp8_linear": "fp8_prologue:silu_and_mul_fp8_linear",
 }
 # The CPU kernels (atom_kernels/cpu/<module>.py), for the ops where fewer torch calls than the reference pay.
 _CPU = {

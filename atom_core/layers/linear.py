@@ -105,8 +105,11 @@ class LinearBase(nn.Module):
         """x [..., in_local] @ this rank's weight^T (+ bias): the fp8 GEMM for an fp8 checkpoint."""
         if self.scheme is None:
             return atom_kernels.linear(x, self.weight, bias, self.packed)
-        return atom_kernels.fp8_linear(x, self.weight, self.weight_scale, self.block_k, self.act_group,
-                                       self.input_scale, bias, self.block_n)
+        return atom_kernels.fp8_linear(x, *self._fp8_args(), bias, self.block_n)
+
+    def _fp8_args(self) -> tuple:
+        """fp8_linear's weight arguments (weight, weight_scale, block_k, act_group, input_scale)."""
+        return self.weight, self.weight_scale, self.block_k, self.act_group, self.input_scale
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.matmul(x, self.bias)
@@ -141,8 +144,9 @@ class ColumnParallelLinear(LinearBase):
         """(self(norm(x + residual)), x + residual), residual None: (self(norm(x)), x); norm: an RMSNorm, fused
         into this layer's GEMM where the device has a kernel for that."""
         if self.scheme is not None:
-            h, residual = (norm(x), x) if residual is None else norm(x, residual)
-            return self._gather(self.matmul(h, self.bias)), residual
+            y, residual = atom_kernels.rms_norm_fp8_linear(x, residual, norm.weight, norm.eps, *self._fp8_args(),
+                                                           self.bias, self.block_n)
+            return self._gather(y), residual
         y, residual = atom_kernels.rms_norm_linear(x, residual, norm.weight, norm.eps, self.weight, self.bias,
                                                    self.packed)
         return self._gather(y), residual
@@ -234,7 +238,7 @@ class RowParallelLinear(LinearBase):
         """self(silu(gate) * up) for x [..., 2 * input_size] = gate | up, the activation fused into this layer's GEMM
         where the device has a kernel for that."""
         if self.scheme is not None:
-            return self._reduce(self.matmul(atom_kernels.silu_and_mul(x), None))
+            return self._reduce(atom_kernels.silu_and_mul_fp8_linear(x, *self._fp8_args(), None, self.block_n))
         return self._reduce(atom_kernels.silu_and_mul_linear(x, self.weight, None, self.packed))
 
     def _reduce(self, y: torch.Tensor) -> torch.Tensor:

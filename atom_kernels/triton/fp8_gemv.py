@@ -127,19 +127,26 @@ def gemv_config(m: int, n: int, kb: int, sms: int) -> dict:
 def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, block_k: int,
              bias: torch.Tensor | None, **override) -> torch.Tensor:
     """x [M, K] (contiguous, 1 <= M <= GEMV_MAX_M), weight [N, K] e4m3 and weight_scale [N, KB] contiguous, bias [N]
-    or None → y [M, N] in x's dtype. `override` replaces gemv_config's entries (tests: splits/per)."""
-    (m, k), n = x.shape, weight.shape[0]
+    or None → y [M, N] in x's dtype: the activation quantized (fp8_quantize_rows), then gemv_quantized."""
+    xq, xs = fp8_quantize_rows(x, block_k)
+    return gemv_quantized(xq, xs, weight, weight_scale, block_k, bias, x.dtype, **override)
+
+
+def gemv_quantized(xq: torch.Tensor, xs: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, block_k: int,
+                   bias: torch.Tensor | None, dtype: torch.dtype, **override) -> torch.Tensor:
+    """The GEMV of a quantized activation: xq [M, K] e4m3 with xs [M, KB] float32 (row-major, fp8_quantize_rows'),
+    → y [M, N] in dtype. `override` replaces gemv_config's entries (tests: splits/per)."""
+    (m, k), n = xq.shape, weight.shape[0]
     kb = weight_scale.shape[1]
-    cfg = {**gemv_config(m, n, kb, num_sms(x.device)), **override}
+    cfg = {**gemv_config(m, n, kb, num_sms(xq.device)), **override}
     splits, per = cfg.pop("splits"), cfg.pop("per")
-    y = x.new_empty((m, n))
-    part = torch.empty((splits, m, n), dtype=torch.float32, device=x.device) if splits > 1 else y
-    counters = _counters(x.device) if splits > 1 else y
+    y = torch.empty((m, n), dtype=dtype, device=xq.device)
+    part = torch.empty((splits, m, n), dtype=torch.float32, device=xq.device) if splits > 1 else y
+    counters = _counters(xq.device) if splits > 1 else y
     if triton.cdiv(n, cfg["BLOCK_N"]) > COUNTERS:
         raise ValueError(f"fp8_gemv: {n} output columns are more than its {COUNTERS} split-K counters cover")
-    xq, xs = fp8_quantize_rows(x, block_k)
     grid = (triton.cdiv(n, cfg["BLOCK_N"]), splits)
     _fp8_gemv_kernel[grid](xq, xs, weight, weight_scale, weight if bias is None else bias, y, part, counters, m, n, k,
-                           kb, per, splits, BLOCK_K=block_k, FP8_DOT=block_k >= 32 and has_fp8_dot(x.device),
-                           HAS_BIAS=bias is not None, **cfg, **pdl(x.device))
+                           kb, per, splits, BLOCK_K=block_k, FP8_DOT=block_k >= 32 and has_fp8_dot(xq.device),
+                           HAS_BIAS=bias is not None, **cfg, **pdl(xq.device))
     return y

@@ -34,8 +34,7 @@ from atom_kernels.reference import fp8 as reference
 from atom_kernels.triton import fp8_cublas
 from atom_kernels.triton._utils import check, nvidia_sm90, pdl, pdl_prologue
 from atom_kernels.triton.attention.decode import num_sms
-from atom_kernels.triton.fp8_cublas import cublas_linear
-from atom_kernels.triton.fp8_gemv import GEMV_MAX_M, fp8_gemv
+from atom_kernels.triton.fp8_gemv import GEMV_MAX_M, gemv_quantized
 from atom_kernels.triton.fp8_quant import fp8_quantize_rows, has_fp8_dot
 
 
@@ -109,31 +108,38 @@ def gemm_tiles(m: int, n: int, sms: int) -> tuple[int, int, int, int, int]:
     return block_m, block_n, warps, stages, group_m
 
 
-def _runs_here(x, weight, weight_scale, block_k, act_group, input_scale) -> bool:
-    return (input_scale is None and act_group == block_k
-            and block_k in (16, 32, 64, 128, 256) and weight.is_contiguous() and weight_scale.is_contiguous())
-
-
-def fp8_linear(x, weight, weight_scale, block_k, act_group, input_scale=None, bias=None, block_n=0):
-    """The contract of atom_kernels.reference.fp8.fp8_linear: x [..., K] → [..., N] in x's dtype."""
-    if not _runs_here(x, weight, weight_scale, block_k, act_group, input_scale):
-        return reference.fp8_linear(x, weight, weight_scale, block_k, act_group, input_scale, bias)
+def runs_here(x, weight, weight_scale, block_k, act_group, input_scale) -> bool:
+    """Whether the kernels here take these inputs (the block format, dynamic activation groups of block_k columns,
+    rows and columns to compute), else the reference; a weight_scale of the wrong shape is an error."""
+    if not (input_scale is None and act_group == block_k and block_k in (16, 32, 64, 128, 256)
+            and weight.is_contiguous() and weight_scale.is_contiguous()):
+        return False
     n, k = weight.shape
     kb = -(-k // block_k)
     check(tuple(weight_scale.shape) == (n, kb), f"fp8_linear: weight_scale must be [{n}, {kb}], got "
                                                 f"{tuple(weight_scale.shape)}")
-    x2, bias = x.reshape(-1, k).contiguous(), None if bias is None else bias.contiguous()
-    m = x2.shape[0]
-    if m == 0 or n == 0:
+    return x.numel() > 0 and n > 0
+
+
+def fp8_linear(x, weight, weight_scale, block_k, act_group, input_scale=None, bias=None, block_n=0):
+    """The contract of atom_kernels.reference.fp8.fp8_linear: x [..., K] → [..., N] in x's dtype."""
+    if not runs_here(x, weight, weight_scale, block_k, act_group, input_scale):
         return reference.fp8_linear(x, weight, weight_scale, block_k, act_group, input_scale, bias)
+    n, k = weight.shape
+    x2, bias = x.reshape(-1, k).contiguous(), None if bias is None else bias.contiguous()
     kernel = path(x2, weight, block_k, bias, block_n)
+    xq, xs = fp8_quantize_rows(x2, block_k, m_major=kernel == "cublas")
+    return matmul(kernel, xq, xs, weight, weight_scale, block_k, bias, x.dtype).reshape(*x.shape[:-1], n)
+
+
+def matmul(kernel: str, xq, xs, weight, weight_scale, block_k, bias, dtype) -> torch.Tensor:
+    """The GEMM `kernel` (path's answer) of a quantized activation xq [M, K] e4m3 with its scales xs [M, KB] (at
+    strides (1, M) for "cublas", else row-major) → [M, N] in dtype."""
     if kernel == "gemv":
-        y = fp8_gemv(x2, weight, weight_scale, block_k, bias)
-    elif kernel == "cublas":
-        y = cublas_linear(x2, weight, weight_scale, bias)
-    else:
-        y = gemm(x2, weight, weight_scale, block_k, bias)
-    return y.reshape(*x.shape[:-1], n)
+        return gemv_quantized(xq, xs, weight, weight_scale, block_k, bias, dtype)
+    if kernel == "cublas":
+        return fp8_cublas.scaled_mm(xq, xs, weight, fp8_cublas.block_scales(weight_scale), bias, dtype)
+    return gemm_quantized(xq, xs, weight, weight_scale, block_k, bias, dtype)
 
 
 def path(x, weight, block_k, bias, block_n) -> str:
@@ -158,12 +164,18 @@ def tma_loads(weight: torch.Tensor) -> bool:
 
 
 def gemm(x, weight, weight_scale, block_k, bias, tiles=None, tma=None):
-    """x [M, K] contiguous → [M, N] in x's dtype through the tile kernel; tiles: gemm_tiles' answer by default;
-    tma: tma_loads' answer by default."""
-    (m, k), n = x.shape, weight.shape[0]
+    """x [M, K] contiguous → [M, N] in x's dtype through the tile kernel: the activation quantized, then
+    gemm_quantized."""
     xq, xs = fp8_quantize_rows(x, block_k)
-    y = x.new_empty((m, n))
-    block_m, block_n, warps, stages, group_m = tiles or gemm_tiles(m, n, num_sms(x.device))
+    return gemm_quantized(xq, xs, weight, weight_scale, block_k, bias, x.dtype, tiles, tma)
+
+
+def gemm_quantized(xq, xs, weight, weight_scale, block_k, bias, dtype, tiles=None, tma=None):
+    """xq [M, K] e4m3 with xs [M, KB] float32 row-major → [M, N] in dtype through the tile kernel; tiles: gemm_tiles'
+    answer by default; tma: tma_loads' answer by default."""
+    (m, k), n = xq.shape, weight.shape[0]
+    y = torch.empty((m, n), dtype=dtype, device=xq.device)
+    block_m, block_n, warps, stages, group_m = tiles or gemm_tiles(m, n, num_sms(xq.device))
     tma = tma_loads(weight) if tma is None else tma
     a, w = xq, weight
     if tma:
@@ -172,6 +184,6 @@ def gemm(x, weight, weight_scale, block_k, bias, tiles=None, tma=None):
     grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n),)
     _block_scaled_gemm[grid](a, xs, w, weight_scale, weight if bias is None else bias, y, m, n, k, xs.shape[1],
                              BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m,
-                             FP8_DOT=block_k >= 32 and has_fp8_dot(x.device), TMA=tma, HAS_BIAS=bias is not None,
-                             num_warps=warps, num_stages=stages, **pdl(x.device))
+                             FP8_DOT=block_k >= 32 and has_fp8_dot(xq.device), TMA=tma, HAS_BIAS=bias is not None,
+                             num_warps=warps, num_stages=stages, **pdl(xq.device))
     return y

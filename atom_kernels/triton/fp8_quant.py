@@ -103,6 +103,27 @@ def _has_fp8_dot(device_type: str, index: int | None) -> bool:
     return torch.cuda.get_device_capability(index) >= (8, 9)
 
 
+@triton.jit
+def store_groups(y, q_ptr, s_ptr, ss_g, start, n, BLOCK: tl.constexpr, GROUP: tl.constexpr):
+    """Quantize a row's values y [BLOCK] fp32 at columns start + [0, BLOCK) (start a multiple of GROUP; columns >= n
+    masked off, their y 0) in groups of GROUP columns, as the reference does: q at q_ptr + column, the scale of
+    group g at s_ptr + g * ss_g. BLOCK a multiple of GROUP."""
+    groups = tl.reshape(y, [BLOCK // GROUP, GROUP])
+    scale = group_scale(tl.max(tl.abs(groups), axis=1))
+    q = tl.reshape(quantize_values(groups, scale[:, None]), [BLOCK])
+    offs = start + tl.arange(0, BLOCK)
+    tl.store(q_ptr + offs, q.to(q_ptr.dtype.element_ty), mask=offs < n)
+    g = start // GROUP + tl.arange(0, BLOCK // GROUP)
+    tl.store(s_ptr + g * ss_g, scale, mask=g * GROUP < n)
+
+
+def scale_buffer(m: int, groups: int, m_major: bool, device: torch.device) -> torch.Tensor:
+    """The activation scales' tensor [m, groups] float32: strides (1, m) when m_major, else (groups, 1)."""
+    # empty_strided: a size-1 dim keeps the stride asked for (a transposed contiguous [G, M] would not at M = 1)
+    strides = (1, m) if m_major else (groups, 1)
+    return torch.empty_strided((m, groups), strides, dtype=torch.float32, device=device)
+
+
 def fp8_quantize_rows(x: torch.Tensor, group: int, m_major: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] (float, last dim contiguous) → (q [M, K] float8_e4m3fn, scale [M, ceil(K / group)] float32): the
     reference's fp8_quantize(x, group) for dynamic scales, in one launch, no host sync. m_major: the scale tensor
@@ -113,9 +134,8 @@ def fp8_quantize_rows(x: torch.Tensor, group: int, m_major: bool = False) -> tup
     m, k = x.shape
     g = triton.cdiv(k, group)
     q = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=x.device)
-    # empty_strided: a size-1 dim keeps the stride asked for (a transposed contiguous [G, M] would not at M = 1)
-    strides = (1, m) if m_major else (g, 1)
-    scale = torch.empty_strided((m, g), strides, dtype=torch.float32, device=x.device)
+    scale = scale_buffer(m, g, m_major, x.device)
+    strides = scale.stride()
     if m and k:
         block = min(triton.next_power_of_2(min(group, k)), 2048)
         rows = min(triton.next_power_of_2(m), max(1, QUANT_TILE // block))
