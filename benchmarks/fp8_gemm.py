@@ -15,6 +15,9 @@ per token and 128 columns. Every row is a whole linear as a layer runs it (activ
                    atom_kernels.reference.fp8.fp8_quantize
   scaled_mm row    torch._scaled_mm rowwise: per-token activation and per-channel weight scales (the per-channel
                    format, same weight bytes)
+  ours: channel    atom_kernels.fp8_linear on those per-channel operands (block_k = act_group = K): the GEMV, the
+                   tile kernel or torch's rowwise GEMM after our quantizer; "ours: channel tile" the tile kernel
+                   forced at M > 32; compared with "scaled_mm row" in the "per channel" table
   vllm triton      vLLM's per_token_group_quant_fp8 + w8a8_triton_block_scaled_mm   (when vllm imports)
   vllm cutlass     vLLM's per_token_group_quant_fp8 + cutlass_scaled_mm with block scales (its Hopper default)
   quantize only    the activation quantization alone: the reference ours uses now, and fp8_quantize_rows (Triton)
@@ -80,7 +83,9 @@ GEMV_SWEEP = [(p, st, w) for p in (1, 2, 4, 8) for st in (3, 4, 6, 8) for w in (
 ROUNDS, REPS = 3, 10
 TOL = 3e-2
 INFO = ("quantize: reference", "quantize: triton")  # timed, never ranked
-OURS = ("ours", "ours: tile", "ours: cublas")  # "ours" is ranked against the peers; the forced paths are not
+# "ours" is ranked against the peers; the forced paths are not; the per-channel rows against "scaled_mm row" apart
+OURS = ("ours", "ours: tile", "ours: cublas", "ours: channel", "ours: channel tile")
+ROW_WANTS = ("scaled_mm row", "ours: channel", "ours: channel tile")  # the per-channel format's operands
 
 
 def rowwise_mm(x, wq, ws):
@@ -107,11 +112,15 @@ def implementations(x, w, peers) -> tuple[dict, dict]:
         blockwise = peers["scaled_mm block"]
         fns["scaled_mm block"] = lambda: blockwise(*fp8_quantize(x, BLOCK), wq, ws)
     fns["scaled_mm row"] = functools.partial(rowwise_mm, x, wq_r, ws_r)
+    k = x.shape[1]
+    fns["ours: channel"] = functools.partial(atom_kernels.fp8_linear, x, wq_r, ws_r, k, k)
+    if x.shape[0] > GEMV_MAX_M:
+        fns["ours: channel tile"] = functools.partial(gemm, x, wq_r, ws_r, k, None)
     for name, fn in peers["vllm"].items():
         fns[name] = functools.partial(fn, x, wq, ws)
     fns["quantize: reference"] = functools.partial(fp8_quantize, x, BLOCK)
     fns["quantize: triton"] = functools.partial(fp8_quantize_rows, x, BLOCK)
-    wants = {name: row_want if name == "scaled_mm row" else block_want for name in fns if name not in INFO}
+    wants = {name: row_want if name in ROW_WANTS else block_want for name in fns if name not in INFO}
     return fns, wants
 
 
@@ -289,6 +298,28 @@ def summary_table(say, rows, copy_bw) -> None:
         say(ratio_line(f"fp8 GEMM weight GB/s over copy bandwidth at M <= {GEMV_MAX_M}, worst shape ({worst_bw[1]})",
                        worst_bw[0], copy_bw, " (goal >= 0.7)"))
     crossover_table(say, rows)
+    per_channel_table(say, rows, copy_bw)
+
+
+def per_channel_table(say, rows, copy_bw) -> None:
+    """The per-channel format (per-token activations): ours (fp8_linear with block_k = K: the GEMV, the tile kernel
+    or torch's rowwise GEMM after our quantizer) vs torch's rowwise scaled_mm with its quantization in torch ops."""
+    done = [(model, layer, m, med, n * k + 4 * n) for model, layer, n, k, m, med, _, _ in rows
+            if "ours: channel" in med and "scaled_mm row" in med]  # weight bytes: e4m3 and one scale a row
+    if not done:
+        return
+    say(f"\nper channel: {'model':14s} {'layer':15s} {'M':>5s} {'ours us':>9s} {'of copy':>7s} {'tile us':>9s} "
+        f"{'row us':>9s} {'row/ours':>8s}")
+    worst = None
+    for model, layer, m, med, weight_bytes in done:
+        ours, row = med["ours: channel"], med["scaled_mm row"]
+        tile = f"{med['ours: channel tile'] * 1e3:9.1f}" if "ours: channel tile" in med else f"{'':9s}"
+        say(f"{'':13s}{model:14s} {layer:15s} {m:>5d} {ours * 1e3:9.1f} {weight_bytes / (ours * 1e-3) / copy_bw:7.2f} "
+            f"{tile} {row * 1e3:9.1f} {row / ours:8.2f}")
+        if worst is None or row / ours < worst[0]:
+            worst = (row / ours, f"{model} {layer} M={m}", row, ours)
+    say(ratio_line(f"per-channel fp8 GEMM speed ours/torch rowwise, worst shape ({worst[1]})", worst[2], worst[3],
+                   " (> 1: ours faster)"))
 
 
 def crossover_table(say, rows) -> None:

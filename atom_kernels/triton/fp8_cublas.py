@@ -1,7 +1,9 @@
-"""fp8_linear at large M through cuBLAS: our Triton activation quantizer, then torch's blockwise-scaled GEMM
-(F.scaled_mm with 1x128 activation and 128x128 weight scales: cuBLASLt's DeepSeek-style scaling, which torch runs on
-sm_90 only, cuBLASLt >= 12.9). fp8_linear.py decides when (its `path`); this module says whether the device and this
-torch build can (`fits`, from one probe per device and dtype) and makes the call (`cublas_linear`).
+"""fp8_linear at large M through torch's scaled GEMMs: our Triton activation quantizer, then for the block format
+torch's blockwise-scaled GEMM (F.scaled_mm with 1x128 activation and 128x128 weight scales: cuBLASLt's DeepSeek-style
+scaling, which torch runs on sm_90 only, cuBLASLt >= 12.9), for per-channel weights with per-token activations its
+rowwise one (F.scaled_mm with RowWise scales: a [M, 1] and a [1, N] vector, the weight_scale [N, 1] as it is;
+`scaled_mm_rowwise`). fp8_linear.py decides when (its `path`); this module says whether the device and this torch
+build can (`fits`, `fits_rowwise`, from one probe per device, dtype and recipe) and makes the call.
 
 Layouts torch checks (aten/src/ATen/native/cuda/ScaledBlas.cpp, _scaled_block1x128_block128x128):
   mat_a xq [M, K] e4m3, row-major;       scale_a [M, K / 128] float32 at strides (1, M)
@@ -47,29 +49,46 @@ class Support(NamedTuple):
     note: str  # why not, when not
 
 
-_SUPPORT: dict[tuple[int, torch.dtype], Support] = {}
+_SUPPORT: dict[tuple[int, torch.dtype, bool], Support] = {}
 
 
-def support(device: torch.device, dtype: torch.dtype) -> Support:
-    """The probe's answer for (device, dtype), probed on first use (not inside a CUDA graph capture: the probe
-    compares on the host; such a call answers "no" and leaves the probe for an eager call)."""
-    key = (device.index if device.index is not None else torch.cuda.current_device(), dtype)
+def support(device: torch.device, dtype: torch.dtype, rowwise: bool = False) -> Support:
+    """The probe's answer for (device, dtype) and the blockwise or the rowwise GEMM (rowwise: partial_n == aligned,
+    there are no row blocks), probed on first use (not inside a CUDA graph capture: the probe compares on the host;
+    such a call answers "no" and leaves the probe for an eager call)."""
+    key = (device.index if device.index is not None else torch.cuda.current_device(), dtype, rowwise)
     if key not in _SUPPORT:
         if torch.cuda.is_current_stream_capturing():
             return Support(False, False, False, "not probed yet (first call inside a CUDA graph capture)")
-        _SUPPORT[key] = _probe(torch.device("cuda", key[0]), dtype)
+        _SUPPORT[key] = (_probe_rowwise if rowwise else _probe)(torch.device("cuda", key[0]), dtype)
     return _SUPPORT[key]
 
 
 def fits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
     """Whether cublas_linear runs x [M, K] @ weight [N, K]^T (+ bias) exactly as the reference would (block_n ==
     block_k == 128 and a dynamically quantized activation: the caller's part)."""
-    n, k = weight.shape
-    if x.device.type != "cuda" or x.dtype not in DTYPES or k % BLOCK or n % 16 or weight.data_ptr() % 16:
+    if not _operands_fit(x, weight, BLOCK):
         return False
     s = support(x.device, x.dtype)
-    if not s.aligned or (n % BLOCK and not s.partial_n):
+    return s.aligned and (weight.shape[0] % BLOCK == 0 or s.partial_n) and _bias_fits(s, x, bias)
+
+
+def fits_rowwise(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether scaled_mm_rowwise runs x [M, K] @ weight [N, K]^T (+ bias) exactly as the reference would (one scale
+    over K per weight row and per token, dynamic: the caller's part)."""
+    if not _operands_fit(x, weight, 16):
         return False
+    s = support(x.device, x.dtype, rowwise=True)
+    return s.aligned and _bias_fits(s, x, bias)
+
+
+def _operands_fit(x: torch.Tensor, weight: torch.Tensor, k_multiple: int) -> bool:
+    n, k = weight.shape
+    return (x.device.type == "cuda" and x.dtype in DTYPES and k % k_multiple == 0 and n % 16 == 0
+            and weight.data_ptr() % 16 == 0)
+
+
+def _bias_fits(s: Support, x: torch.Tensor, bias: torch.Tensor | None) -> bool:
     return bias is None or (s.bias and bias.dtype == x.dtype and bias.data_ptr() % 16 == 0)
 
 
@@ -97,6 +116,13 @@ def scaled_mm(xq, xs, weight, scale_b, bias, dtype) -> torch.Tensor:
     """The one spelling of the call (torch >= 2.10): xq [M, K] e4m3, xs [M, K / 128] at strides (1, M), weight
     [N, K] e4m3, scale_b from block_scales."""
     return F.scaled_mm(xq, weight.t(), xs, F.ScalingType.BlockWise1x128, scale_b, F.ScalingType.BlockWise128x128,
+                       bias=bias, output_dtype=dtype)
+
+
+def scaled_mm_rowwise(xq, xs, weight, weight_scale, bias, dtype) -> torch.Tensor:
+    """xq [M, K] e4m3 with xs [M, 1] (per token), weight [N, K] e4m3 with weight_scale [N, 1] (per channel), both
+    contiguous, → [M, N] in dtype: torch's rowwise scaled GEMM (scale_b taken as [1, N])."""
+    return F.scaled_mm(xq, weight.t(), xs, F.ScalingType.RowWise, weight_scale.view(1, -1), F.ScalingType.RowWise,
                        bias=bias, output_dtype=dtype)
 
 
@@ -148,4 +174,42 @@ def _bias_rounds_once(device: torch.device, dtype: torch.dtype, m: int = 40, n: 
     xs[:, 0], xs[:, 1] = 1, ulp / 4
     bias = torch.full((n,), ulp / 2, dtype=dtype, device=device)
     y = scaled_mm(xq, xs, wq, block_scales(torch.ones(n, 2, device=device)), bias, dtype)
+    return bool((y == 1 + ulp).all())
+
+
+def _probe_rowwise(device: torch.device, dtype: torch.dtype) -> Support:
+    if torch.version.hip is not None or torch.cuda.get_device_capability(device) < (9, 0):
+        return Support(False, False, False, "needs an NVIDIA GPU of sm_90 or later")
+    if not hasattr(F, "scaled_mm") or not hasattr(getattr(F, "ScalingType", None), "RowWise"):
+        return Support(False, False, False, f"torch {torch.__version__} has no F.scaled_mm with RowWise")
+    ok, note = _attempt(_rowwise_matches, device, dtype)
+    if not ok:
+        return Support(False, False, False, note)
+    bias, bias_note = _attempt(_rowwise_bias_rounds_once, device, dtype)
+    return Support(True, True, bias, bias_note)
+
+
+def _rowwise_matches(device: torch.device, dtype: torch.dtype, m: int = 40, n: int = 272, k: int = 384) -> bool:
+    """scaled_mm_rowwise after our per-token quantizer == the reference within PROBE_TOL (relative L2), token and
+    channel scales spread over 16x (a scale applied to the wrong side or index moves whole outputs)."""
+    g = torch.Generator(device=device).manual_seed(0)
+    x = (torch.randn(m, k, generator=g, device=device)
+         * torch.randint(-2, 3, (m, 1), generator=g, device=device).exp2()).to(dtype)
+    wq = torch.randn(n, k, generator=g, device=device).to(reference.FP8)
+    scale = torch.randint(-2, 3, (n, 1), generator=g, device=device).exp2() / 64
+    xq, xs = fp8_quantize_rows(x, k)
+    got = scaled_mm_rowwise(xq, xs, wq, scale, None, dtype).float()
+    want = reference.fp8_linear(x, wq, scale, k, k).float()
+    return bool((got - want).norm() <= PROBE_TOL * want.norm())
+
+
+def _rowwise_bias_rounds_once(device: torch.device, dtype: torch.dtype, m: int = 40, n: int = 256) -> bool:
+    """_bias_rounds_once for the rowwise GEMM: each product is 1 + ulp/4 (1 * 1 + 2^-6 * (ulp/4) / 2^-6, all
+    e4m3 values, scales 1), the bias ulp/2; rounded once 1 + ulp, rounded before the add 1."""
+    ulp, a = torch.finfo(dtype).eps, 2.0**-6
+    x, w = torch.zeros(m, 32, device=device), torch.zeros(n, 32, device=device)
+    x[:, 0], x[:, 1], w[:, 0], w[:, 1] = 1, a, 1, ulp / 4 / a
+    ones = torch.ones(max(m, n), 1, device=device)
+    bias = torch.full((n,), ulp / 2, dtype=dtype, device=device)
+    y = scaled_mm_rowwise(x.to(reference.FP8), ones[:m], w.to(reference.FP8), ones[:n], bias, dtype)
     return bool((y == 1 + ulp).all())

@@ -56,13 +56,14 @@ def _block_product(w, q, FP8_DOT: tl.constexpr):
 
 
 @triton.jit
-def _fp8_gemv_kernel(xq_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, K, KB, BLOCKS_PER_SPLIT,
-                     SPLITS, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     FP8_DOT: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
-    # grid (cdiv(N, BLOCK_N), SPLITS): y[:M, n-tile] = xq[:M, :] @ w[n-tile, :]^T, split s summing K blocks
-    # [s * BLOCKS_PER_SPLIT, +BLOCKS_PER_SPLIT) ∩ [0, KB). xq [M, K] e4m3 with xs [M, KB] fp32, w [N, K] e4m3,
+def _fp8_gemv_kernel(xq_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, K, KB, KT,
+                     BLOCKS_PER_SPLIT, SPLITS, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     ONE_SCALE: tl.constexpr, FP8_DOT: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
+    # grid (cdiv(N, BLOCK_N), SPLITS): y[:M, n-tile] = xq[:M, :] @ w[n-tile, :]^T, split s summing K tiles
+    # [s * BLOCKS_PER_SPLIT, +BLOCKS_PER_SPLIT) ∩ [0, KT). xq [M, K] e4m3 with xs [M, KB] fp32, w [N, K] e4m3,
     # ws [N, KB] fp32, y [M, N] model dtype; SPLITS > 1: part [SPLITS, M, N] fp32 workspace, count
-    # [>= cdiv(N, BLOCK_N)] int32 zeroed. acc is y's tile transposed: [BLOCK_N, BLOCK_M].
+    # [>= cdiv(N, BLOCK_N)] int32 zeroed. acc is y's tile transposed: [BLOCK_N, BLOCK_M]. K tile b has scale column
+    # b (a scale block per tile), or 0 for every tile (ONE_SCALE: per channel / per token, KB = 1).
     pdl_prologue(PDL)
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -71,13 +72,14 @@ def _fp8_gemv_kernel(xq_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, part_ptr, coun
     rk = tl.arange(0, BLOCK_K)
     b0 = pid_k * BLOCKS_PER_SPLIT
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for b in range(b0, tl.minimum(b0 + BLOCKS_PER_SPLIT, KB)):
+    for b in range(b0, tl.minimum(b0 + BLOCKS_PER_SPLIT, KT)):
         kk = b * BLOCK_K + rk
         # no eviction hint: it may keep Triton from pipelining the dot's operand loads (cp.async)
         w = tl.load(w_ptr + rows[:, None] * K + kk[None, :], mask=kk[None, :] < K, other=0.0)
         q = tl.load(xq_ptr + rm[:, None] * K + kk[None, :], mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
-        xs = tl.load(xs_ptr + rm * KB + b, mask=rm < M, other=0.0)
-        ws = tl.load(ws_ptr + rows * KB + b)
+        sb = 0 if ONE_SCALE else b
+        xs = tl.load(xs_ptr + rm * KB + sb, mask=rm < M, other=0.0)
+        ws = tl.load(ws_ptr + rows * KB + sb)
         acc += _block_product(w, q, FP8_DOT) * ws[:, None] * xs[None, :]
     tile = rm[None, :] * N + rn[:, None]
     mask = (rm[None, :] < M) & (rn[:, None] < N)
@@ -112,8 +114,18 @@ def _counters(device: torch.device) -> torch.Tensor:
     return torch.zeros(COUNTERS, dtype=torch.int32, device=device)
 
 
+def k_tiles(block_k: int, k: int) -> tuple[int, int, bool]:
+    """How the GEMV and the tile GEMM walk K for scale blocks of block_k columns: (BLOCK_K, K tiles, ONE_SCALE). A
+    block narrower than K is one tile (block_k a power of two, 16 to 256); one scale over all of K (per channel /
+    per token: block_k >= k) is walked in tiles of 128 columns (fewer when K is smaller), all with scale column 0."""
+    if block_k < k:
+        return block_k, triton.cdiv(k, block_k), False
+    tile = min(128, max(16, pow2(k)))
+    return tile, triton.cdiv(k, tile), True
+
+
 def gemv_config(m: int, n: int, kb: int, sms: int) -> dict:
-    """Launch parameters for M = m rows (1 <= m <= GEMV_MAX_M) of an [n, kb blocks] weight on `sms` SMs: BLOCK_N 64
+    """Launch parameters for M = m rows (1 <= m <= GEMV_MAX_M) of an [n, kb K tiles] weight on `sms` SMs: BLOCK_N 64
     (one warpgroup's wgmma M), tokens padded to >= 16 (tl.dot's minimum); 4 stages of 8 KB weight tiles in flight
     per program (Triton pipelines a dot's operand loads)."""
     block_n = 64
@@ -137,8 +149,8 @@ def gemv_quantized(xq: torch.Tensor, xs: torch.Tensor, weight: torch.Tensor, wei
     """The GEMV of a quantized activation: xq [M, K] e4m3 with xs [M, KB] float32 (row-major, fp8_quantize_rows'),
     → y [M, N] in dtype. `override` replaces gemv_config's entries (tests: splits/per)."""
     (m, k), n = xq.shape, weight.shape[0]
-    kb = weight_scale.shape[1]
-    cfg = {**gemv_config(m, n, kb, num_sms(xq.device)), **override}
+    block, tiles, one_scale = k_tiles(block_k, k)
+    cfg = {**gemv_config(m, n, tiles, num_sms(xq.device)), **override}
     splits, per = cfg.pop("splits"), cfg.pop("per")
     y = torch.empty((m, n), dtype=dtype, device=xq.device)
     part = torch.empty((splits, m, n), dtype=torch.float32, device=xq.device) if splits > 1 else y
@@ -147,6 +159,7 @@ def gemv_quantized(xq: torch.Tensor, xs: torch.Tensor, weight: torch.Tensor, wei
         raise ValueError(f"fp8_gemv: {n} output columns are more than its {COUNTERS} split-K counters cover")
     grid = (triton.cdiv(n, cfg["BLOCK_N"]), splits)
     _fp8_gemv_kernel[grid](xq, xs, weight, weight_scale, weight if bias is None else bias, y, part, counters, m, n, k,
-                           kb, per, splits, BLOCK_K=block_k, FP8_DOT=block_k >= 32 and has_fp8_dot(xq.device),
-                           HAS_BIAS=bias is not None, **cfg, **pdl(xq.device))
+                           weight_scale.shape[1], tiles, per, splits, BLOCK_K=block, ONE_SCALE=one_scale,
+                           FP8_DOT=block >= 32 and has_fp8_dot(xq.device), HAS_BIAS=bias is not None, **cfg,
+                           **pdl(xq.device))
     return y

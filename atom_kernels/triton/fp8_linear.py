@@ -1,26 +1,29 @@
 """fp8_linear for the fp8 block format (weight scales per 128 columns, activations per token and group of the same
-128 columns): a block-scaled GEMM over e4m3 operands, by M (`path` decides):
+128 columns) and for per-channel weights with per-token activations (compressed-tensors "FP8-Dynamic": one scale
+over all of K on each side, block_k = act_group = K): a scaled GEMM over e4m3 operands, by M (`path` decides):
   - M <= GEMV_MAX_M (32): the weight-streaming GEMV of fp8_gemv.py (split-K, swapped tensor-core products);
-  - M >= cublas_min_m(K) (33 for K >= 7168, else 256: CUBLAS_MIN_M) with block_n == block_k == 128 (the layer's
-    rows are whole 128-row blocks, so one scale row per block says it all) and a bf16 / fp16 activation, no bias
-    or one cuBLAS adds before its one rounding, on a GPU where torch's blockwise scaled_mm was found to match the
-    reference (sm_90): cuBLAS, fp8_cublas.py. On the H200 it ran DeepSeek-V3's layers at M = 4096 in 0.49-0.61x the
-    tile kernel's time (benchmarks/results/fp8_gemm-2026-11-29-NVIDIA-H200-cublas.txt);
+  - M >= cublas_min_m(K) (33 for K >= 7168, else 256: CUBLAS_MIN_M), a bf16 / fp16 activation, no bias or one the
+    library adds before its one rounding, on a GPU where torch's scaled_mm was found to match the reference (sm_90),
+    fp8_cublas.py: per channel, torch's rowwise scaled_mm; the block format with block_n == block_k == 128 (the
+    layer's rows are whole 128-row blocks, so one scale row per block says it all), cuBLAS' blockwise GEMM. On the
+    H200 the latter ran DeepSeek-V3's layers at M = 4096 in 0.49-0.61x the tile kernel's time
+    (benchmarks/results/fp8_gemm-2026-11-29-NVIDIA-H200-cublas.txt);
   - else the tile kernel here: float32 activations, fused layers or tensor-parallel slices whose row blocks start
     mid-way (block_n 0), other block sizes, K not a multiple of 128, other GPUs.
 
 The tile kernel: both scales are constant over one K block, so each block's partial product factors: y[m, n] =
 sum_b xs[m, b] * ws[n, b] * sum_{k in b} xq[m, k] * wq[n, k]. A program owns a BLOCK_M x BLOCK_N tile of y, walks K
-one scale block at a time (BLOCK_K = block_k), takes the block's dot product of the e4m3 tiles (fp8 tensor cores on
-sm_89+; elsewhere and for blocks under 32 columns, of the tiles converted to float16, exact: every e4m3 value is a
-float16), with float32 accumulation, and adds it times the outer product of the two scale vectors; the bias is added
-in float32 and the tile stored once in the model dtype (as the reference rounds). Tiles by M bucket: GEMM_TILES.
-Every path quantizes the activation first with fp8_quantize_rows (bit-equal to the reference's fp8_quantize).
+one scale block at a time (BLOCK_K = block_k; per channel, 128-column tiles under the one scale: fp8_gemv.k_tiles),
+takes the tile's dot product of the e4m3 tiles (fp8 tensor cores on sm_89+; elsewhere and for tiles under 32 columns,
+of the tiles converted to float16, exact: every e4m3 value is a float16), with float32 accumulation, and adds it times
+the outer product of the two scale vectors; the bias is added in float32 and the tile stored once in the model dtype
+(as the reference rounds). Tiles by M bucket: GEMM_TILES. Every path quantizes the activation first with
+fp8_quantize_rows (bit-equal to the reference's fp8_quantize).
 
-Everything else (per-channel / per-tensor weights, another activation group, a static input_scale, no activation
-quantization) runs the torch reference. A compiler tracing the model never enters here: atom_kernels.fp8_linear is a
-torch library op, opaque to it. Tested against it under Triton's CPU interpreter
-(tests/kernels/test_triton_fp8_linear_interpreter.py) and, marked gpu, at DeepSeek-V3 / Qwen3-30B-A3B shapes.
+Everything else (another activation group, a static input_scale, no activation quantization) runs the torch
+reference. A compiler tracing the model never enters here: atom_kernels.fp8_linear is a torch library op, opaque to
+it. Tested against it under Triton's CPU interpreter (tests/kernels/test_triton_fp8_linear_interpreter.py) and,
+marked gpu, at DeepSeek-V3 / Qwen3-30B-A3B shapes.
 """
 
 from __future__ import annotations
@@ -34,17 +37,18 @@ from atom_kernels.reference import fp8 as reference
 from atom_kernels.triton import fp8_cublas
 from atom_kernels.triton._utils import check, nvidia_sm90, pdl, pdl_prologue
 from atom_kernels.triton.attention.decode import num_sms
-from atom_kernels.triton.fp8_gemv import GEMV_MAX_M, gemv_quantized
+from atom_kernels.triton.fp8_gemv import GEMV_MAX_M, gemv_quantized, k_tiles
 from atom_kernels.triton.fp8_quant import fp8_quantize_rows, has_fp8_dot
 
 
 @triton.jit
-def _block_scaled_gemm(xq_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, KB, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, FP8_DOT: tl.constexpr,
-                       TMA: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
+def _block_scaled_gemm(xq_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, KB, KT, BLOCK_M: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ONE_SCALE: tl.constexpr, GROUP_M: tl.constexpr,
+                       FP8_DOT: tl.constexpr, TMA: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
     pdl_prologue(PDL)
     # grid (cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N),); xq [M, K], w [N, K] e4m3 (K-contiguous); xs [M, KB], ws [N, KB] fp32;
     # b [N] (HAS_BIAS); y [M, N] in the model dtype, rounded once after the float32 bias add as the reference does.
+    # KT K tiles of BLOCK_K columns; tile b has scale column b, or 0 for all (ONE_SCALE: per channel, KB = 1).
     # TMA: xq_ptr / w_ptr are tensor descriptors of [BLOCK_M, BLOCK_K] / [BLOCK_N, BLOCK_K] boxes (the copy engine
     # fills rows and columns past the tensor with zeros), else plain pointers with masked loads.
     # Programs in groups of GROUP_M row tiles, row tile fastest inside a group: the programs running together share
@@ -58,7 +62,7 @@ def _block_scaled_gemm(xq_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, KB,
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for b in range(0, KB):
+    for b in range(0, KT):
         if TMA:
             a = xq_ptr.load([pid_m * BLOCK_M, b * BLOCK_K])
             w = w_ptr.load([pid_n * BLOCK_N, b * BLOCK_K])
@@ -70,8 +74,9 @@ def _block_scaled_gemm(xq_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, KB,
             part = tl.dot(a, tl.trans(w), out_dtype=tl.float32)
         else:
             part = tl.dot(a.to(tl.float16), tl.trans(w.to(tl.float16)), out_dtype=tl.float32)
-        xs = tl.load(xs_ptr + rm * KB + b, mask=rm < M, other=0.0)
-        ws = tl.load(ws_ptr + rn * KB + b, mask=rn < N, other=0.0)
+        sb = 0 if ONE_SCALE else b
+        xs = tl.load(xs_ptr + rm * KB + sb, mask=rm < M, other=0.0)
+        ws = tl.load(ws_ptr + rn * KB + sb, mask=rn < N, other=0.0)
         acc += part * xs[:, None] * ws[None, :]
     if HAS_BIAS:
         acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
@@ -109,12 +114,13 @@ def gemm_tiles(m: int, n: int, sms: int) -> tuple[int, int, int, int, int]:
 
 
 def runs_here(x, weight, weight_scale, block_k, act_group, input_scale) -> bool:
-    """Whether the kernels here take these inputs (the block format, dynamic activation groups of block_k columns,
-    rows and columns to compute), else the reference; a weight_scale of the wrong shape is an error."""
-    if not (input_scale is None and act_group == block_k and block_k in (16, 32, 64, 128, 256)
+    """Whether the kernels here take these inputs (dynamic activation groups of block_k columns with weight scale
+    blocks of block_k columns: 16 to 256, or all of K, i.e. per channel with per-token activations; rows and columns
+    to compute), else the reference; a weight_scale of the wrong shape is an error."""
+    n, k = weight.shape
+    if not (input_scale is None and act_group == block_k and (block_k >= k or block_k in (16, 32, 64, 128, 256))
             and weight.is_contiguous() and weight_scale.is_contiguous()):
         return False
-    n, k = weight.shape
     kb = -(-k // block_k)
     check(tuple(weight_scale.shape) == (n, kb), f"fp8_linear: weight_scale must be [{n}, {kb}], got "
                                                 f"{tuple(weight_scale.shape)}")
@@ -139,18 +145,24 @@ def matmul(kernel: str, xq, xs, weight, weight_scale, block_k, bias, dtype) -> t
         return gemv_quantized(xq, xs, weight, weight_scale, block_k, bias, dtype)
     if kernel == "cublas":
         return fp8_cublas.scaled_mm(xq, xs, weight, fp8_cublas.block_scales(weight_scale), bias, dtype)
+    if kernel == "cublas_row":
+        return fp8_cublas.scaled_mm_rowwise(xq, xs, weight, weight_scale, bias, dtype)
     return gemm_quantized(xq, xs, weight, weight_scale, block_k, bias, dtype)
 
 
 def path(x, weight, block_k, bias, block_n) -> str:
     """The kernel fp8_linear runs x [M, K] (contiguous) on, for the inputs it keeps from the reference (block-scaled
-    weight, activation groups of block_k, no input_scale): "gemv" (M <= GEMV_MAX_M), "cublas" (M >= cublas_min_m(K),
-    rows block-structured in 128x128 blocks and fp8_cublas.fits: device, dtype, shape, bias) or "tile"."""
-    m = x.shape[0]
+    weight, activation groups of block_k, no input_scale): "gemv" (M <= GEMV_MAX_M); from M >= cublas_min_m(K)
+    "cublas_row" (one scale over K: per channel and per token, fp8_cublas.fits_rowwise) or "cublas" (rows
+    block-structured in 128x128 blocks and fp8_cublas.fits: device, dtype, shape, bias); else "tile"."""
+    m, k = x.shape
     if m <= GEMV_MAX_M:
         return "gemv"
-    if m >= cublas_min_m(x.shape[1]) and block_n == block_k == fp8_cublas.BLOCK and fp8_cublas.fits(x, weight, bias):
-        return "cublas"
+    if m >= cublas_min_m(k):
+        if block_k >= k and fp8_cublas.fits_rowwise(x, weight, bias):
+            return "cublas_row"
+        if block_n == block_k == fp8_cublas.BLOCK and fp8_cublas.fits(x, weight, bias):
+            return "cublas"
     return "tile"
 
 
@@ -177,13 +189,14 @@ def gemm_quantized(xq, xs, weight, weight_scale, block_k, bias, dtype, tiles=Non
     y = torch.empty((m, n), dtype=dtype, device=xq.device)
     block_m, block_n, warps, stages, group_m = tiles or gemm_tiles(m, n, num_sms(xq.device))
     tma = tma_loads(weight) if tma is None else tma
+    tile_k, tiles, one_scale = k_tiles(block_k, k)
     a, w = xq, weight
     if tma:
-        a = TensorDescriptor.from_tensor(xq, [block_m, block_k])
-        w = TensorDescriptor.from_tensor(weight, [block_n, block_k])
+        a = TensorDescriptor.from_tensor(xq, [block_m, tile_k])
+        w = TensorDescriptor.from_tensor(weight, [block_n, tile_k])
     grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n),)
-    _block_scaled_gemm[grid](a, xs, w, weight_scale, weight if bias is None else bias, y, m, n, k, xs.shape[1],
-                             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m,
-                             FP8_DOT=block_k >= 32 and has_fp8_dot(xq.device), TMA=tma, HAS_BIAS=bias is not None,
+    _block_scaled_gemm[grid](a, xs, w, weight_scale, weight if bias is None else bias, y, m, n, k, xs.shape[1], tiles,
+                             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=tile_k, ONE_SCALE=one_scale, GROUP_M=group_m,
+                             FP8_DOT=tile_k >= 32 and has_fp8_dot(xq.device), TMA=tma, HAS_BIAS=bias is not None,
                              num_warps=warps, num_stages=stages, **pdl(xq.device))
     return y

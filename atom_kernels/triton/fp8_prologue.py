@@ -26,6 +26,7 @@ from atom_kernels.triton.fp8_quant import scale_buffer, store_groups
 from atom_kernels.triton.norm import rms_scale
 
 SILU_BLOCK = 1024  # columns a SiLU-and-mul program quantizes (a multiple of every block_k fp8_linear takes)
+ROW_MAX = 16384  # per-token groups: the widest row (a power of two) one program quantizes; wider runs the two ops
 
 
 @triton.jit
@@ -76,7 +77,8 @@ def rms_norm_quantize(x, residual, weight, eps: float, group: int, m_major: bool
     res_out = x if residual is None else torch.empty_like(x)
     block = max(pow2(n), group)
     _rms_norm_quant_kernel[(m,)](x, x if residual is None else residual, weight, q, s, res_out, float(eps), n,
-                                 *s.stride(), BLOCK=block, GROUP=group, HAS_RESIDUAL=residual is not None,
+                                 *s.stride(), BLOCK=block, GROUP=_group(group, n, block),
+                                 HAS_RESIDUAL=residual is not None,
                                  num_warps=min(16, max(1, block // 512)), **pdl(x.device))
     return q, s, res_out
 
@@ -86,10 +88,18 @@ def silu_and_mul_quantize(x, group: int, m_major: bool):
     m, d = x.shape[0], x.shape[1] // 2
     q = torch.empty(m, d, dtype=torch.float8_e4m3fn, device=x.device)
     s = scale_buffer(m, triton.cdiv(d, group), m_major, x.device)
-    block = max(min(pow2(d), SILU_BLOCK), group)
-    _silu_and_mul_quant_kernel[(m, triton.cdiv(d, block))](x, q, s, d, *s.stride(), BLOCK=block, GROUP=group,
-                                                          num_warps=4 if block >= 512 else 1, **pdl(x.device))
+    block = pow2(d) if group >= d else max(min(pow2(d), SILU_BLOCK), group)  # a per-token group: the whole row
+    warps = min(16, max(block // 256, 4)) if block >= 512 else 1
+    _silu_and_mul_quant_kernel[(m, triton.cdiv(d, block))](x, q, s, d, *s.stride(), BLOCK=block,
+                                                          GROUP=_group(group, d, block), num_warps=warps,
+                                                          **pdl(x.device))
     return q, s
+
+
+def _group(group: int, n: int, block: int) -> int:
+    """The kernels' GROUP for quantization groups of `group` columns of an n-column row held in blocks of `block`:
+    one group over the whole row (group >= n, per token) is the block (its masked columns are zeros)."""
+    return block if group >= n else group
 
 
 def _fits(x, weight, weight_scale, block_k, act_group, input_scale, *rows) -> bool:
@@ -118,7 +128,8 @@ def rms_norm_fp8_linear(x, residual, norm_weight, eps, weight, weight_scale, blo
 def silu_and_mul_fp8_linear(x, weight, weight_scale, block_k, act_group, input_scale=None, bias=None, block_n=0):
     """The reference's contract (atom_kernels.reference.fused_linear)."""
     k = weight.shape[1]
-    if not (_fits(x, weight, weight_scale, block_k, act_group, input_scale) and x.shape[-1] == 2 * k):
+    if not (_fits(x, weight, weight_scale, block_k, act_group, input_scale) and x.shape[-1] == 2 * k
+            and (block_k < k or pow2(k) <= ROW_MAX)):
         return composite.silu_and_mul_fp8_linear(x, weight, weight_scale, block_k, act_group, input_scale, bias,
                                                  block_n)
     x2, bias = x.view(-1, 2 * k), None if bias is None else bias.contiguous()
