@@ -67,6 +67,13 @@ SHAPES = {"qwen3-0.6b": ("Qwen3ForCausalLM", QWEN3_06B), "qwen3-8b": ("Qwen3ForC
 # The released FP8 block format's quantization_config (DeepSeek-V3, the Qwen3-FP8 releases): e4m3 weights, a float32
 # scale per 128 x 128 block, activations quantized per token and group of 128.
 FP8_BLOCK = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+# compressed-tensors "FP8-Dynamic": e4m3 weights with a scale per output channel, activations quantized per token
+FP8_CHANNEL = {"quant_method": "compressed-tensors", "format": "float-quantized", "ignore": ["lm_head"],
+               "quantization_status": "compressed", "config_groups": {"group_0": {
+                   "targets": ["Linear"],
+                   "weights": {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "channel"},
+                   "input_activations": {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "token",
+                                         "dynamic": True}}}}
 # The offline workload (native_gpu.py --throughput, vllm_peer.py, vllm_plugin_gpu.py's offline row): 256 requests,
 # prompt and output lengths uniform in [100, 1024]; MAX_MODEL_LEN covers it.
 OFFLINE_REQUESTS, OFFLINE_MIN, OFFLINE_MAX = 256, 100, 1024

@@ -1,6 +1,7 @@
-"""native_gpu.py --quant fp8: the native engine on one shape twice, bf16 weights and an FP8 checkpoint of the
-released block format (DeepSeek-V3's and the Qwen3-FP8 releases' quantization_config: e4m3 weights, a float32 scale
-per 128 x 128 block, activations quantized per token and group of 128), same run.
+"""native_gpu.py --quant fp8: the native engine on one shape three times, same run: bf16 weights, an FP8 checkpoint of
+the released block format (DeepSeek-V3's and the Qwen3-FP8 releases' quantization_config: e4m3 weights, a float32
+scale per 128 x 128 block, activations quantized per token and group of 128) and one of compressed-tensors'
+"FP8-Dynamic" (a scale per output channel, activations per token).
 
 Both checkpoints are config.json alone: the engine draws random weights at load (load format "dummy"), so no FP8
 file of the full shape is written, and greedy tokens are not compared (the FP8 parity is the tests' job:
@@ -12,7 +13,7 @@ goal at batch 1: >= 1.5).
 
 from __future__ import annotations
 
-from common import FP8_BLOCK, SHAPES, copy_bandwidth, random_prompts, shaped_checkpoint
+from common import FP8_BLOCK, FP8_CHANNEL, SHAPES, copy_bandwidth, random_prompts, shaped_checkpoint
 from native_gpu import PROMPT, free_gpu, native_decode, native_engine, profile
 
 BATCHES = (1, 32)
@@ -37,9 +38,11 @@ def decode_rows(path: str, vocab: int) -> tuple[dict[int, tuple[float, float]], 
 
 
 def checkpoints(shape: str) -> dict[str, str]:
-    """{"bf16": config-only checkpoint of the shape, "fp8": the same in the FP8 block format}."""
+    """{"bf16": config-only checkpoint of the shape, "fp8": the same in the FP8 block format, "fp8 channel": in
+    compressed-tensors' per-channel format}."""
     return {"bf16": shaped_checkpoint(None, shape, weights=False),
-            "fp8": shaped_checkpoint(None, shape, weights=False, quantization_config=FP8_BLOCK)}
+            "fp8": shaped_checkpoint(None, shape, weights=False, quantization_config=FP8_BLOCK),
+            "fp8 channel": shaped_checkpoint(None, shape, weights=False, quantization_config=FP8_CHANNEL)}
 
 
 def profiles(shape: str) -> None:
@@ -54,15 +57,14 @@ def fp8_vs_bf16(shape: str) -> None:
     runs = {name: decode_rows(path, SHAPES[shape][1]["vocab_size"]) for name, path in paths.items()}
     print(f"\n{shape}, random weights drawn at load; copy bandwidth {bw / 1e12:.2f} TB/s; weights "
           + ", ".join(f"{n} {nbytes / 1e9:.3f} GB" for n, (_, nbytes) in runs.items()))
-    print(f"{'batch':>5} {'bf16 tok/s':>11} {'graph ms':>9} {'fp8 tok/s':>10} {'graph ms':>9} "
-          f"{'bf16 weight-roof ms':>20} {'fp8 weight-roof ms':>19} {'fp8/bf16':>9}")
+    print(f"{'batch':>5} " + " ".join(f"{n + ' tok/s':>17} {'graph ms':>8} {'roof ms':>7}" for n in runs))
+    roof = {n: nbytes / bw * 1e3 for n, (_, nbytes) in runs.items()}  # the weight bytes a step reads / copy
     for b in BATCHES:
-        (t16, g16), (t8, g8) = runs["bf16"][0][b], runs["fp8"][0][b]
-        roof = {n: nbytes / bw * 1e3 for n, (_, nbytes) in runs.items()}
-        print(f"{b:>5} {t16:>11.0f} {g16:>9.3f} {t8:>10.0f} {g8:>9.3f} {roof['bf16']:>20.3f} {roof['fp8']:>19.3f} "
-              f"{t8 / t16:>9.2f}")
-    print("FP8 / bf16 decode tok/s: " + ", ".join(
-        f"batch {b} {runs['fp8'][0][b][0] / runs['bf16'][0][b][0]:.2f}" for b in BATCHES) + " (goal at batch 1 >= 1.5)")
+        cells = (f"{runs[n][0][b][0]:>17.0f} {runs[n][0][b][1]:>8.3f} {roof[n]:>7.3f}" for n in runs)
+        print(f"{b:>5} " + " ".join(cells))
+    for n in ("fp8 channel", "fp8"):
+        print(f"{n} / bf16 decode tok/s: " + ", ".join(
+            f"batch {b} {runs[n][0][b][0] / runs['bf16'][0][b][0]:.2f}" for b in BATCHES) + " (goal at batch 1 >= 1.5)")
 
 
 if __name__ == "__main__":
