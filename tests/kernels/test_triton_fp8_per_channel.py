@@ -119,7 +119,9 @@ GPU_SHAPES = ((2112, 7168), (24576, 1536), (7168, 16384), (4096, 12288), (5120, 
 
 
 def _gpu_case(m: int, n: int, k: int):
-    """bf16 x [m, k]; e4m3 weight [n, k] quantized per channel as compressed-tensors does (amax / 448 per row)."""
+    """bf16 x [m, k]; e4m3 weight [n, k] quantized per channel as compressed-tensors does (amax / 448 per row), its
+    rows' magnitudes spread over 2^-3..2^3 (so are the channel scales: a scale moved by one row shows; drawn alike,
+    rows' amax / 448 differ by ~10% and a moved scale moved the output by that little on the H100)."""
     import torch
 
     from atom_kernels.reference.fp8 import fp8_linear as reference
@@ -127,6 +129,7 @@ def _gpu_case(m: int, n: int, k: int):
 
     g = torch.Generator(device="cuda").manual_seed(m + n + k)
     w = torch.randn(n, k, device="cuda", generator=g) * k**-0.5
+    w *= torch.randint(-3, 4, (n, 1), device="cuda", generator=g).exp2()
     x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
     wq, scale, _ = quantize(w, "channel")
     scale = scale.reshape(n, 1).float().contiguous()
