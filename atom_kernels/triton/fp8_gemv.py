@@ -40,7 +40,7 @@ import triton.language as tl
 
 from atom_kernels.triton._utils import pdl, pdl_prologue, pow2
 from atom_kernels.triton.attention.decode import num_sms
-from atom_kernels.triton.fp8_quant import fp8_quantize_rows, has_fp8_dot
+from atom_kernels.triton.fp8_quant import fp8_quantize_rows, use_fp8_dot
 
 GEMV_MAX_M = 32  # M above: the tile GEMM (fp8_linear.py); 32 tokens fill the swapped MMA's N side
 MIN_BLOCKS_PER_SPLIT = 2  # K blocks per split at least: fewer makes the atomics' traffic comparable to the weight's
@@ -160,6 +160,6 @@ def gemv_quantized(xq: torch.Tensor, xs: torch.Tensor, weight: torch.Tensor, wei
     grid = (triton.cdiv(n, cfg["BLOCK_N"]), splits)
     _fp8_gemv_kernel[grid](xq, xs, weight, weight_scale, weight if bias is None else bias, y, part, counters, m, n, k,
                            weight_scale.shape[1], tiles, per, splits, BLOCK_K=block, ONE_SCALE=one_scale,
-                           FP8_DOT=block >= 32 and has_fp8_dot(xq.device), HAS_BIAS=bias is not None, **cfg,
+                           FP8_DOT=block >= 32 and use_fp8_dot(xq.device, dtype), HAS_BIAS=bias is not None, **cfg,
                            **pdl(xq.device))
     return y

@@ -38,7 +38,7 @@ from atom_kernels.triton import fp8_cublas
 from atom_kernels.triton._utils import check, nvidia_sm90, pdl, pdl_prologue
 from atom_kernels.triton.attention.decode import num_sms
 from atom_kernels.triton.fp8_gemv import GEMV_MAX_M, gemv_quantized, k_tiles
-from atom_kernels.triton.fp8_quant import fp8_quantize_rows, has_fp8_dot
+from atom_kernels.triton.fp8_quant import fp8_quantize_rows, use_fp8_dot
 
 
 @triton.jit
@@ -197,6 +197,6 @@ def gemm_quantized(xq, xs, weight, weight_scale, block_k, bias, dtype, tiles=Non
     grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n),)
     _block_scaled_gemm[grid](a, xs, w, weight_scale, weight if bias is None else bias, y, m, n, k, xs.shape[1], tiles,
                              BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=tile_k, ONE_SCALE=one_scale, GROUP_M=group_m,
-                             FP8_DOT=tile_k >= 32 and has_fp8_dot(xq.device), TMA=tma, HAS_BIAS=bias is not None,
+                             FP8_DOT=tile_k >= 32 and use_fp8_dot(xq.device, dtype), TMA=tma, HAS_BIAS=bias is not None,
                              num_warps=warps, num_stages=stages, **pdl(xq.device))
     return y

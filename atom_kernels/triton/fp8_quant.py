@@ -89,6 +89,14 @@ def _quantize_kernel(x_ptr, q_ptr, s_ptr, M, K, G, GROUP, sx, ss_m, ss_g, ROWS: 
     tl.store(s_ptr + rows * ss_m + g * ss_g, scale, mask=row_ok)
 
 
+def use_fp8_dot(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the fp8 GEMMs take e4m3 tensor-core dots for a model of `dtype`: where the device has them, except
+    float32 models, whose dots take the exact float16 form: Hopper's e4m3 MMAs accumulate with fewer bits than
+    float32 (tests/kernels/test_triton_fp8_moe.py), which moved float32 greedy tokens of the FP8 parity checkpoints
+    off transformers' at margins of 0.1-0.44 on the H100 (2026-12-07; with the float16 dots they matched)."""
+    return dtype != torch.float32 and has_fp8_dot(device)
+
+
 def has_fp8_dot(device: torch.device) -> bool:
     """e4m3 tl.dot: NVIDIA sm_89+ (and Triton's interpreter, on CPU tensors); ROCm's MI300 has only the fnuz e4m3."""
     return _has_fp8_dot(device.type, device.index)

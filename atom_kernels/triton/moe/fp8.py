@@ -27,7 +27,7 @@ import triton.language as tl
 
 from atom_kernels.reference.moe import check_moe_args
 from atom_kernels.triton._utils import FLOAT_DTYPES, check, check_dtype, check_same_device, pdl, pdl_prologue
-from atom_kernels.triton.fp8_quant import has_fp8_dot
+from atom_kernels.triton.fp8_quant import use_fp8_dot
 from atom_kernels.triton.moe import _block_pairs, _sum_topk_kernel, _tile, moe_config, store_silu_mul
 from atom_kernels.triton.moe import warm_up_shapes as warm_up_shapes  # same tile buckets as fused_moe
 from atom_kernels.triton.moe.align import max_blocks, moe_align
@@ -171,7 +171,7 @@ def fp8_fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, w13
     sorted_ids, expert_ids, post_pad = moe_align(topk_ids, num_experts, block_m)
     num_m = max_blocks(pairs, num_experts, block_m)
     precision = "ieee" if hidden.dtype == torch.float32 else "tf32"  # fp32: exact products, as the reference
-    fp8_dot = cfg.get("fp8_dot", has_fp8_dot(hidden.device))
+    fp8_dot = cfg.get("fp8_dot", use_fp8_dot(hidden.device, hidden.dtype))
     launch = pdl(hidden.device)
     common = dict(GROUP_M=8, PRECISION=precision, **launch)
     act = torch.empty((pairs, inter), dtype=hidden.dtype, device=hidden.device)

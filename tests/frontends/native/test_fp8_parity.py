@@ -4,7 +4,7 @@ where the oracle's own top-2 logits are within NEAR_TIE (the simulated 3-bit-man
 summation-order difference: transformers 4.x's DeepSeek MoE flips one such token, 5.x matches exactly).
 
 Cases: Qwen3 in the fp8 block format (partial blocks, block-cut q|k|v shards), compressed-tensors per-channel with
-static per-tensor activations (per-channel with dynamic per-token ones: the vLLM test's Qwen3-MoE); Qwen3-MoE and a
+dynamic per-token activations and with static per-tensor ones (also the vLLM test's Qwen3-MoE); Qwen3-MoE and a
 DeepSeek-V3-shaped model (MLA + MoE + shared expert, with its MTP layer as released) in the block format. Under
 transformers 4.x (the minimum-version session) only the MoE cases run: the dense layers' modules are the same there.
 The canary: a scale ignored, a block of scales mis-indexed, or the activations left unquantized, and the parity
@@ -27,6 +27,7 @@ NEW_TOKENS = 12
 PROMPTS = random_prompts([5, 17, 9])
 CASES = {
     "qwen3-block": (QWEN3, "block", False),
+    "qwen3-channel": (QWEN3, "channel", False),
     "qwen3-channel-static": (QWEN3, "static", False),
     "qwen3-moe-block": (QWEN3_MOE, "block", False),
     "deepseek-v3-block-mtp": (DEEPSEEK_V3, "block", True),
