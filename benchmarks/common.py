@@ -74,6 +74,7 @@ FP8_CHANNEL = {"quant_method": "compressed-tensors", "format": "float-quantized"
                    "weights": {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "channel"},
                    "input_activations": {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "token",
                                          "dynamic": True}}}}
+QUANT_CONFIGS = {"fp8": FP8_BLOCK, "fp8-channel": FP8_CHANNEL}  # the benchmarks' --quant choices
 # The offline workload (native_gpu.py --throughput, vllm_peer.py, vllm_plugin_gpu.py's offline row): 256 requests,
 # prompt and output lengths uniform in [100, 1024]; MAX_MODEL_LEN covers it.
 OFFLINE_REQUESTS, OFFLINE_MIN, OFFLINE_MAX = 256, 100, 1024

@@ -13,7 +13,7 @@ goal at batch 1: >= 1.5).
 
 from __future__ import annotations
 
-from common import FP8_BLOCK, FP8_CHANNEL, SHAPES, copy_bandwidth, random_prompts, shaped_checkpoint
+from common import QUANT_CONFIGS, SHAPES, copy_bandwidth, random_prompts, shaped_checkpoint
 from native_gpu import PROMPT, free_gpu, native_decode, native_engine, profile
 
 BATCHES = (1, 32)
@@ -41,8 +41,8 @@ def checkpoints(shape: str) -> dict[str, str]:
     """{"bf16": config-only checkpoint of the shape, "fp8": the same in the FP8 block format, "fp8 channel": in
     compressed-tensors' per-channel format}."""
     return {"bf16": shaped_checkpoint(None, shape, weights=False),
-            "fp8": shaped_checkpoint(None, shape, weights=False, quantization_config=FP8_BLOCK),
-            "fp8 channel": shaped_checkpoint(None, shape, weights=False, quantization_config=FP8_CHANNEL)}
+            **{name.replace("-", " "): shaped_checkpoint(None, shape, weights=False, quantization_config=config)
+               for name, config in QUANT_CONFIGS.items()}}
 
 
 def profiles(shape: str) -> None:

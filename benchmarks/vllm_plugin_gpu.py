@@ -13,10 +13,11 @@ Prints both sides, how many batch-32 greedy sequences agree (bf16: near-ties may
 ratio atom-core / vLLM's own last; writes the table to benchmarks/results/.
 --quant fp8: the same shape as an FP8 block-quantized checkpoint (common.FP8_BLOCK), config.json alone: each side
 draws random weights at load (vLLM's load format "dummy"), so the two sides' weights differ and greedy tokens are
-not compared.
+not compared; --quant fp8-channel: the same in compressed-tensors' per-channel format (common.FP8_CHANNEL; vLLM's
+own model then runs its CUTLASS scaled_mm).
 
     python benchmarks/vllm_plugin_gpu.py [--checkpoint DIR] [--rows batch1,batch32,offline] [--repeats N] [--profile]
-                                         [--quant fp8]
+                                         [--quant fp8|fp8-channel]
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import time
 from functools import partial
 from pathlib import Path
 
-from common import FP8_BLOCK, MAX_MODEL_LEN, Report, greedy_agreement, offline_lengths, row_lines, shaped_checkpoint
+from common import MAX_MODEL_LEN, QUANT_CONFIGS, Report, greedy_agreement, offline_lengths, row_lines, shaped_checkpoint
 
 ROWS = ("batch1", "batch32", "offline")
 PROMPT, NEW = 128, 128
@@ -160,7 +161,7 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="also profile each row's workload on each side")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs of each row per side (the median counts)")
     ap.add_argument("--only-ours", action="store_true", help="only atom-core's side, profiled; no table")
-    ap.add_argument("--quant", choices=["fp8"], help="an FP8 block-quantized checkpoint of the shape, dummy weights")
+    ap.add_argument("--quant", choices=sorted(QUANT_CONFIGS), help="an FP8 checkpoint of the shape, dummy weights")
     ap.add_argument("--worker", metavar="CHECKPOINT", help=argparse.SUPPRESS)
     report = Report("vllm_plugin_gpu", ap)
     args = ap.parse_args()
@@ -173,7 +174,7 @@ def main() -> None:
     import torch
 
     if args.quant:
-        path = shaped_checkpoint(args.checkpoint, weights=False, quantization_config=FP8_BLOCK)
+        path = shaped_checkpoint(args.checkpoint, weights=False, quantization_config=QUANT_CONFIGS[args.quant])
     else:
         path = shaped_checkpoint(args.checkpoint)
     if args.only_ours:  # a profile of our side alone
@@ -184,7 +185,7 @@ def main() -> None:
     for name, side in (("vLLM own", own), ("atom-core", ours)):
         if "profile" in side:
             print(f"profile, {name}: {side['profile']}")
-    kind = "FP8 block checkpoint, weights drawn at load" if args.quant else "random checkpoint, bf16"
+    kind = f"{args.quant} checkpoint, weights drawn at load" if args.quant else "random checkpoint, bf16"
     lines = [f"{datetime.date.today()} {torch.cuda.get_device_name()}; Qwen3-0.6B-shaped {kind}, "
              f"vLLM defaults; cudagraph mode: own {own['cudagraph_mode']}, atom-core {ours['cudagraph_mode']}",
              f"models: {own['model']} | {ours['model']}; startup s: own {own['startup_s']:.0f}, "
