@@ -99,11 +99,13 @@ def _calls():
         for dtype in (torch.bfloat16, torch.float32):
             x = torch.randn(t, hidden, dtype=dtype)
             weights, ids = torch.rand(t, top_k), torch.randint(0, experts, (t, top_k), dtype=torch.int32)
-            w13, w2 = torch.empty(experts, 2 * inter, hidden, dtype=e4m3), torch.empty(experts, hidden, inter, dtype=e4m3)
+            w13 = torch.empty(experts, 2 * inter, hidden, dtype=e4m3)
+            w2 = torch.empty(experts, hidden, inter, dtype=e4m3)
             s13, s2 = torch.ones(experts, 2 * inter, hidden // 128), torch.ones(experts, hidden, inter // 128)
             calls.append((f"fp8_fused_moe {dtype} T {t}", lambda x=x, a=(w13, w2, s13, s2, weights, ids):
                           fp8_fused_moe(x, *a, 128, 128)))
-            b13, b2 = torch.randn(experts, 2 * inter, hidden, dtype=dtype), torch.randn(experts, hidden, inter, dtype=dtype)
+            b13 = torch.randn(experts, 2 * inter, hidden, dtype=dtype)
+            b2 = torch.randn(experts, hidden, inter, dtype=dtype)
             calls.append((f"fused_moe {dtype} T {t}", lambda x=x, a=(b13, b2, weights, ids): fused_moe(x, *a)))
     return calls
 
@@ -126,8 +128,6 @@ def compile_all() -> None:
 
 
 def test_fp8_and_moe_kernels_compile_for_sm90():
-    np = pytest.importorskip("numpy")
-    del np
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", "from tests.kernels.test_sm90_compile import compile_all; "
                            "compile_all()"], env=env, cwd=REPO, capture_output=True, text=True, timeout=1200)
