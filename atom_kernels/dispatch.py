@@ -72,7 +72,7 @@ _TRITON = {
     "silu_and_mul_linear": "fused_linear:silu_and_mul_linear",
     "sample_tokens": "sampling:sample_tokens",
     "fp8_quantize": "fp8_quant:fp8_quantize",
-    "fp8_linear": "fp8_linear:fp8_linear",  # the fp8 block format; other schemes run the reference inside
+    "fp8_linear": "fp8_linear:fp8_linear",  # block format, per channel; static / weights only: the reference inside
     "fp8_fused_moe": "moe.fp8:fp8_fused_moe",
     "rms_norm_fp8_linear": "fp8_prologue:rms_norm_fp8_linear",  # the quantization in the norm's kernel
     "silu_and_mul_fp8_linear": "fp8_prologue:silu_and_mul_fp8_linear",

@@ -70,9 +70,11 @@ def compile_only_driver():
 
 def _calls():
     """(what, thunk) for each kernel variant: the FP8 linear's GEMV (block, per channel, bias), tile GEMM (TMA and
-    pointer loads), quantizer, prologue ops, and the bf16 and FP8 fused MoE (decode GEMVs and block GEMMs)."""
+    pointer loads), quantizer, prologue ops, the bf16 and FP8 fused MoE (decode GEMVs and block GEMMs), and the bf16
+    decode linear with its fused norm / SiLU-and-mul, RMSNorm and SiLU-and-mul."""
     import torch
 
+    from atom_kernels.triton import activation, fused_linear, linear, norm
     from atom_kernels.triton.fp8_linear import fp8_linear, gemm
     from atom_kernels.triton.fp8_prologue import rms_norm_fp8_linear, silu_and_mul_fp8_linear
     from atom_kernels.triton.moe import fused_moe
@@ -107,6 +109,16 @@ def _calls():
             b13 = torch.randn(experts, 2 * inter, hidden, dtype=dtype)
             b2 = torch.randn(experts, hidden, inter, dtype=dtype)
             calls.append((f"fused_moe {dtype} T {t}", lambda x=x, a=(b13, b2, weights, ids): fused_moe(x, *a)))
+    for dtype in (torch.bfloat16, torch.float32):
+        for m, n, k in ((1, 2048, 1024), (1, 6144, 4096)):  # the bf16 GEMV: one row (more: torch)
+            x, w, nw = torch.randn(m, k, dtype=dtype), torch.randn(n, k, dtype=dtype), torch.ones(k, dtype=dtype)
+            calls.append((f"linear {dtype} M {m} {n}x{k}", lambda x=x, w=w: linear.linear(x, w)))
+            calls.append((f"rms_norm_linear {dtype} M {m}", lambda x=x, w=w, nw=nw:
+                          fused_linear.rms_norm_linear(x, x, nw, 1e-6, w)))
+            calls.append((f"silu_and_mul_linear {dtype} M {m}", lambda x=x, w=w:
+                          fused_linear.silu_and_mul_linear(torch.cat([x, x], 1), w)))
+            calls.append((f"rms_norm {dtype} M {m}", lambda x=x, nw=nw: norm.rms_norm(x, nw, 1e-6, x)))
+            calls.append((f"silu_and_mul {dtype} M {m}", lambda x=x: activation.silu_and_mul(torch.cat([x, x], 1))))
     return calls
 
 
