@@ -20,10 +20,12 @@ the outer product of the two scale vectors; the bias is added in float32 and the
 (as the reference rounds). Tiles by M bucket: GEMM_TILES. Every path quantizes the activation first with
 fp8_quantize_rows (bit-equal to the reference's fp8_quantize).
 
-Everything else (another activation group, a static input_scale, no activation quantization) runs the torch
-reference. A compiler tracing the model never enters here: atom_kernels.fp8_linear is a torch library op, opaque to
-it. Tested against it under Triton's CPU interpreter (tests/kernels/test_triton_fp8_linear_interpreter.py) and,
-marked gpu, at DeepSeek-V3 / Qwen3-30B-A3B shapes.
+A static per-tensor input_scale (compressed-tensors' static activations) takes the same paths: the activation
+quantized as the reference does, its one scale repeated where a dynamic one would be (`quantize`). Everything else
+(another activation group, no activation quantization) runs the torch reference. A compiler tracing the model never
+enters here: atom_kernels.fp8_linear is a torch library op, opaque to it. Tested against it under Triton's CPU
+interpreter (tests/kernels/test_triton_fp8_linear_interpreter.py) and, marked gpu, at DeepSeek-V3 / Qwen3-30B-A3B
+shapes.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from atom_kernels.triton import fp8_cublas
 from atom_kernels.triton._utils import check, nvidia_sm90, pdl, pdl_prologue
 from atom_kernels.triton.attention.decode import num_sms
 from atom_kernels.triton.fp8_gemv import GEMV_MAX_M, gemv_quantized, k_tiles
-from atom_kernels.triton.fp8_quant import fp8_quantize_rows, use_fp8_dot
+from atom_kernels.triton.fp8_quant import fp8_quantize_rows, scale_buffer, use_fp8_dot
 
 
 @triton.jit
@@ -114,11 +116,14 @@ def gemm_tiles(m: int, n: int, sms: int) -> tuple[int, int, int, int, int]:
 
 
 def runs_here(x, weight, weight_scale, block_k, act_group, input_scale) -> bool:
-    """Whether the kernels here take these inputs (dynamic activation groups of block_k columns with weight scale
-    blocks of block_k columns: 16 to 256, or all of K, i.e. per channel with per-token activations; rows and columns
-    to compute), else the reference; a weight_scale of the wrong shape is an error."""
+    """Whether the kernels here take these inputs (weight scale blocks of block_k columns: 16 to 256, or all of K,
+    i.e. per channel; the activation quantized dynamically in groups of block_k columns, or with one static
+    per-tensor input_scale; rows and columns to compute), else the reference; a weight_scale of the wrong shape is
+    an error."""
     n, k = weight.shape
-    if not (input_scale is None and act_group == block_k and (block_k >= k or block_k in (16, 32, 64, 128, 256))
+    static = input_scale is not None and act_group == 0 and input_scale.numel() == 1
+    if not ((static or (input_scale is None and act_group == block_k))
+            and (block_k >= k or block_k in (16, 32, 64, 128, 256))
             and weight.is_contiguous() and weight_scale.is_contiguous()):
         return False
     kb = -(-k // block_k)
@@ -134,8 +139,21 @@ def fp8_linear(x, weight, weight_scale, block_k, act_group, input_scale=None, bi
     n, k = weight.shape
     x2, bias = x.reshape(-1, k).contiguous(), None if bias is None else bias.contiguous()
     kernel = path(x2, weight, block_k, bias, block_n)
-    xq, xs = fp8_quantize_rows(x2, block_k, m_major=kernel == "cublas")
+    xq, xs = quantize(x2, block_k, weight_scale.shape[1], input_scale, m_major=kernel == "cublas")
     return matmul(kernel, xq, xs, weight, weight_scale, block_k, bias, x.dtype).reshape(*x.shape[:-1], n)
+
+
+def quantize(x, block_k: int, kb: int, input_scale, m_major: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] → the activation as the GEMMs take it, (xq [M, K] e4m3, xs [M, KB] float32, strides (1, M) when
+    m_major): quantized per token and group of block_k columns (fp8_quantize_rows), or with the static per-tensor
+    input_scale as the reference does (its division and cast: a few elementwise launches) and that scale repeated
+    over every row and K block, so each path reads it where it reads a dynamic scale."""
+    if input_scale is None:
+        return fp8_quantize_rows(x, block_k, m_major)
+    xq, scale = reference.fp8_quantize(x, block_k, input_scale)
+    xs = scale_buffer(x.shape[0], kb, m_major, x.device)
+    xs.copy_(scale.expand(x.shape[0], kb))
+    return xq, xs
 
 
 def matmul(kernel: str, xq, xs, weight, weight_scale, block_k, bias, dtype) -> torch.Tensor:

@@ -104,7 +104,8 @@ def _group(group: int, n: int, block: int) -> int:
 
 def _fits(x, weight, weight_scale, block_k, act_group, input_scale, *rows) -> bool:
     """fp8_linear.py runs the GEMM, and x and `rows` (residual, norm weight or None) are contiguous in x's dtype."""
-    return (linear.runs_here(x, weight, weight_scale, block_k, act_group, input_scale) and x.is_contiguous()
+    return (input_scale is None and linear.runs_here(x, weight, weight_scale, block_k, act_group, input_scale)
+            and x.is_contiguous()
             and x.dtype in (torch.bfloat16, torch.float16, torch.float32)
             and all(t is None or (t.dtype == x.dtype and t.is_contiguous()) for t in rows))
 

@@ -1,10 +1,11 @@
 """The Triton block-scaled FP8 GEMM vs the torch reference (atom_kernels.reference.fp8: dequantize both sides, matmul
 in float32) under Triton's CPU interpreter (CI has no GPU): partial K blocks, N and M not multiples of the tiles,
-bias, bf16 and float32 inputs; a static input scale takes the reference (per-channel scales:
-test_triton_fp8_per_channel.py); the tile kernel's program groups (GROUP_M). The small-M GEMV (fp8_gemv.py): split-K
-on and off at M = 1, 2, 5, 16, 17 and through fp8_linear at M up to 33, with canaries (a neighbouring scale block,
-in K or in N, must fail). Marked gpu: DeepSeek-V3 and Qwen3-30B-A3B linear shapes (benchmarks/fp8_gemm.py's) at M =
-1, 8, 32 (the GEMV), 256 and 4096 (the tile kernel), bf16; the tile kernel's TMA and pointer loads."""
+bias, bf16 and float32 inputs; weights only (no activation quantization) takes the reference (per-channel scales and
+static input scales: test_triton_fp8_per_channel.py); the tile kernel's program groups (GROUP_M). The small-M GEMV
+(fp8_gemv.py): split-K on and off at M = 1, 2, 5, 16, 17 and through fp8_linear at M up to 33, with canaries (a
+neighbouring scale block, in K or in N, must fail). Marked gpu: DeepSeek-V3 and Qwen3-30B-A3B linear shapes
+(benchmarks/fp8_gemm.py's) at M = 1, 8, 32 (the GEMV), 256 and 4096 (the tile kernel), bf16; the tile kernel's TMA
+and pointer loads."""
 
 from __future__ import annotations
 
@@ -45,9 +46,9 @@ def interpreter_checks() -> None:
         tiles = (16, 32, 4, 1, group_m)
         torch.testing.assert_close(gemm(x, wq, scale, 128, None, tiles, tma), want, rtol=1e-5, atol=1e-5)
         assert not _close(gemm(x, wq, scale.roll(1, 0), 128, None, tiles, tma), want, 1e-5)
-    per_channel, static = torch.rand(64, 1), torch.tensor([0.05])
+    per_channel = torch.rand(64, 1)
     x, wq = torch.randn(3, 96), torch.randn(64, 96).to(torch.float8_e4m3fn)
-    assert torch.equal(fp8_linear(x, wq, per_channel, 96, 0, static), reference(x, wq, per_channel, 96, 0, static))
+    assert torch.equal(fp8_linear(x, wq, per_channel, 96, 0), reference(x, wq, per_channel, 96, 0))  # weights only
     print("interpreter checks passed")
 
 

@@ -67,6 +67,36 @@ def per_channel_checks() -> None:
     print("per-channel checks passed")
 
 
+def static_checks() -> None:
+    """A static per-tensor input scale (compressed-tensors' static activations) with per-channel weights and with
+    128-column weight blocks: the GEMV (each split) and the tile kernel (TMA and pointer loads), float32 within 1e-5
+    and bf16 within 1e-2 of the reference; the scales are read where dynamic ones are, M-major for cuBLAS too."""
+    import torch
+
+    from atom_kernels.reference.fp8 import fp8_linear as reference
+    from atom_kernels.triton.fp8_gemv import gemv_quantized
+    from atom_kernels.triton.fp8_linear import fp8_linear, gemm_quantized, quantize
+
+    static = torch.tensor([0.03])
+    for m, n, k, dtype, with_bias in CASES:
+        x, wq, scale, bias = _operands(m, n, k, getattr(torch, dtype), seed=m)
+        x = x / x.abs().amax(1, keepdim=True)  # within the static scale's range (448 * 0.03)
+        bias, tol = bias if with_bias else None, (1e-2 if dtype == "bfloat16" else 1e-5)
+        for block, ws in ((k, scale), (128, scale.repeat(1, -(-k // 128)))):
+            want = reference(x, wq, ws, block, 0, static, bias)
+            got = fp8_linear(x, wq, ws, block, 0, static, bias)
+            assert _rel_l2(got, want) <= tol, ((m, n, k, dtype, block), _rel_l2(got, want))
+            xq, xs = quantize(x, block, ws.shape[1], static, m_major=False)
+            if m <= 32:
+                got = gemv_quantized(xq, xs, wq, ws, block, bias, x.dtype, splits=min(2, -(-k // 128)), per=2)
+            else:
+                got = gemm_quantized(xq, xs, wq, ws, block, bias, x.dtype, (16, 32, 4, 1, 1), k % 16 == 0)
+            assert _rel_l2(got, want) <= tol, ((m, n, k, dtype, block, "forced"), _rel_l2(got, want))
+        xq_m, xs_m = quantize(x, 128, 3, static, m_major=True)
+        assert xs_m.stride() == (1, m) and (xs_m == 0.03).all() and torch.equal(xq_m.float(), xq.float())
+    print("static checks passed")
+
+
 def prologue_checks() -> None:
     """The quantizing norm and SiLU-and-mul kernels with one group per row (300 columns: the group is the padded
     block) == their separate Triton kernels + fp8_quantize_rows, bit for bit; rms_norm_fp8_linear and
@@ -108,6 +138,11 @@ def prologue_checks() -> None:
 def test_per_channel_fp8_linear_under_the_interpreter():
     code = "from tests.kernels.test_triton_fp8_per_channel import per_channel_checks; per_channel_checks()"
     run_under_interpreter(code, "per-channel checks passed")
+
+
+def test_static_input_scale_under_the_interpreter():
+    code = "from tests.kernels.test_triton_fp8_per_channel import static_checks; static_checks()"
+    run_under_interpreter(code, "static checks passed")
 
 
 def test_per_channel_fp8_prologue_ops_under_the_interpreter():
