@@ -12,7 +12,7 @@
 #              own models (two groups, ~20 min); the whole SGLang folder on the GPU (eager engines, mem fraction 0.25)
 #   sglang-tp  SGLang TP 2 / TP 2 + EP 2 engines (2 GPUs)
 #   vllm       the carried vLLM (../shared/gpu_vllm): its GPU tests (gpu_memory_utilization 0.9: alone)
-#   vllm-bench the carried vLLM: benchmarks/vllm_plugin_gpu.py bf16 and --quant fp8 (atom-core vs vLLM's own)
+#   vllm-bench the carried vLLM: benchmarks/vllm_plugin_gpu.py bf16, --quant fp8 and fp8-channel (vs vLLM's own)
 #   serve      the carried vLLM: the 256-client load/fault test of `atom-core serve`, then benchmarks/serve.py
 #              (--shape qwen3-0.6b, then SmolLM2; ~17 min)
 #   bench      benchmarks/sglang_plugin_gpu.py (carried SGLang), fp8_gemm.py, moe.py --check --fp8, native_gpu.py --quant fp8
@@ -44,10 +44,13 @@ for step in ${steps//,/ }; do
       "moe2=$K/test_triton_moe.py -m gpu -k 'not (matches_reference or every_tile)'" \
       "fp8_shapes=$K/test_triton_fp8_moe.py -m gpu -k model_shapes" \
       "fp8=$K/test_triton_fp8_moe.py $K/test_triton_fp8_linear_interpreter.py -k 'not model_shapes'" \
+      "fp8_fused=$K/test_triton_fp8_prologue.py $K/test_triton_fp8_per_channel.py -m gpu" \
       "linear=$K/test_triton_linear.py $K/test_triton_fused_linear.py $K/test_dispatch.py -m gpu" \
       "other=$K/test_triton_norm_rope_act.py $K/test_triton_fused.py $K/test_triton_kv_cache.py $K/test_triton_sampling.py $K/test_pdl.py $K/test_triton_dispatch.py -m gpu"
     ;;
-  native) tests "$logdir/native" "native=tests/frontends/native tests/core -m gpu" ;;
+  native)  # the FP8 parity file too: not marked gpu, its engine runs on CUDA there (the oracle on the CPU)
+    tests "$logdir/native" "native=tests/frontends/native tests/core -m gpu" \
+      "fp8_parity=tests/frontends/native/test_fp8_parity.py" ;;
   sglang)
     sglang_env
     # the engine groups: the own-model test reuses test_graph_engine's engines within one process (~20 min together)
@@ -65,7 +68,8 @@ for step in ${steps//,/ }; do
   vllm-bench)
     export PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0
     python3 -m pip install -q --no-deps --no-build-isolation --upgrade --target /tmp/site . 2>&1 | tail -2
-    (cd benchmarks && timeout 600 python3 vllm_plugin_gpu.py && timeout 600 python3 vllm_plugin_gpu.py --quant fp8) \
+    (cd benchmarks && timeout 600 python3 vllm_plugin_gpu.py && timeout 600 python3 vllm_plugin_gpu.py --quant fp8 \
+      && timeout 600 python3 vllm_plugin_gpu.py --quant fp8-channel) \
       > "$logdir/vllm_bench.log" 2>&1
     ;;
   serve)  # issue 39 on the GPU: FastAPI/uvicorn/openai come with the carried vLLM
@@ -83,7 +87,8 @@ for step in ${steps//,/ }; do
     (sglang_env && timeout 600 python3 benchmarks/sglang_plugin_gpu.py) > "$logdir/sglang_bench.log" 2>&1
     # one after the other whatever each returns: a failed check must not cost the later numbers
     (cd benchmarks && for b in fp8_gemm.py "fp8_gemm.py --sweep" "moe.py --check --fp8" "native_gpu.py --quant fp8" \
-      "native_gpu.py --quant fp8 --shape qwen3-30b-a3b-4l" mla_decode.py; do timeout 300 python3 $b; done) \
+      "native_gpu.py --quant fp8 --shape qwen3-8b" "native_gpu.py --quant fp8 --shape qwen3-30b-a3b-4l" mla_decode.py
+      do timeout 400 python3 $b; done) \
       > "$logdir/fp8_bench.log" 2>&1
     ;;
   *) echo "unknown step $step (kernels, native, sglang, sglang-tp, vllm, vllm-bench, serve, bench)"; exit 2 ;;
