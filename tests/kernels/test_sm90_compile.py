@@ -1,4 +1,5 @@
-"""The FP8 and MoE Triton kernels compile for Hopper (sm_90) on a machine without a GPU: Triton's own JIT, with the
+"""The FP8, MoE, decode GEMV, paged attention, KV write, rotary and sampling Triton kernels compile for Hopper (sm_90)
+on a machine without a GPU: Triton's own JIT, with the
 specializations a real call makes (alignment and divisibility read off the arguments), down to a cubin by the ptxas
 that ships in the triton wheel, and each fits an H100/H200 SM's shared memory. Nothing runs: a compile-only Triton
 driver answers the JIT's device questions and every launch is a warm-up (the outputs stay garbage), so this catches
@@ -71,7 +72,7 @@ def compile_only_driver():
 def _calls():
     """(what, thunk) for each kernel variant: the FP8 linear's GEMV (block, per channel, bias), tile GEMM (TMA and
     pointer loads), quantizer, prologue ops, the bf16 and FP8 fused MoE (decode GEMVs and block GEMMs), and the bf16
-    decode linear with its fused norm / SiLU-and-mul, RMSNorm and SiLU-and-mul."""
+    decode linear with its fused norm / SiLU-and-mul, RMSNorm and SiLU-and-mul; then _attention_calls."""
     import torch
 
     from atom_kernels.triton import activation, fused_linear, linear, norm
@@ -119,6 +120,37 @@ def _calls():
                           fused_linear.silu_and_mul_linear(torch.cat([x, x], 1), w)))
             calls.append((f"rms_norm {dtype} M {m}", lambda x=x, nw=nw: norm.rms_norm(x, nw, 1e-6, x)))
             calls.append((f"silu_and_mul {dtype} M {m}", lambda x=x: activation.silu_and_mul(torch.cat([x, x], 1))))
+    return calls + _attention_calls()
+
+
+def _attention_calls():
+    """Paged attention (decode and prefill, bf16 and fp8 e4m3 KV with scales), the KV write, rotary and sampling."""
+    import torch
+
+    from atom_kernels.triton.attention import paged_attention
+    from atom_kernels.triton.kv_cache import write_kv_cache
+    from atom_kernels.triton.rotary import rotary
+    from atom_kernels.triton.sampling import sample_tokens
+
+    heads, kv_heads, d, block, blocks = 16, 8, 128, 16, 64
+    tables = torch.arange(4 * 8, dtype=torch.int32).view(4, 8)
+    decode = (torch.tensor([100, 50, 7, 128], dtype=torch.int32), torch.arange(5, dtype=torch.int32))
+    prefill = (torch.tensor([10, 30], dtype=torch.int32), torch.tensor([0, 10, 40], dtype=torch.int32))
+    calls = []
+    for kv_dtype in (torch.bfloat16, torch.float8_e4m3fn):
+        caches = [torch.zeros(blocks, block, kv_heads, d, dtype=kv_dtype) for _ in range(2)]
+        scales = (torch.ones(1), torch.ones(1)) if kv_dtype != torch.bfloat16 else (None, None)
+        q, k = torch.randn(40, heads, d, dtype=torch.bfloat16), torch.randn(4, kv_heads, d, dtype=torch.bfloat16)
+        calls.append((f"paged_attention decode KV {kv_dtype}", lambda c=caches, s=scales, q=q: paged_attention(
+            q[:4], *c, tables, *decode, d**-0.5, k_scale=s[0], v_scale=s[1], max_query_len=1, num_decodes=4)))
+        calls.append((f"paged_attention prefill KV {kv_dtype}", lambda c=caches, s=scales, q=q: paged_attention(
+            q, *c, tables[:2], *prefill, d**-0.5, k_scale=s[0], v_scale=s[1], max_query_len=30, num_decodes=0)))
+        calls.append((f"write_kv_cache {kv_dtype}", lambda c=caches, s=scales, k=k: write_kv_cache(
+            k, k, *c, torch.tensor([0, 17, 33, 900]), *s)))
+    q, k = torch.randn(4, heads, d, dtype=torch.bfloat16), torch.randn(4, kv_heads, d, dtype=torch.bfloat16)
+    calls.append(("rotary", lambda: rotary(torch.arange(4), q, k, torch.randn(4096, d))))
+    calls.append(("sample_tokens", lambda: sample_tokens(torch.randn(4, 151936, dtype=torch.bfloat16),
+                                                         torch.tensor([0.0, 1.0, 0.5, 0.0]), torch.arange(4))))
     return calls
 
 
@@ -139,7 +171,7 @@ def compile_all() -> None:
     print("sm90 compile checks passed")
 
 
-def test_fp8_and_moe_kernels_compile_for_sm90():
+def test_triton_kernels_compile_for_sm90():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", "from tests.kernels.test_sm90_compile import compile_all; "
                            "compile_all()"], env=env, cwd=REPO, capture_output=True, text=True, timeout=1200)
