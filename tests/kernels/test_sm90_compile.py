@@ -1,11 +1,11 @@
 """The FP8, MoE, decode GEMV, paged attention, KV write, rotary and sampling Triton kernels compile for Hopper (sm_90)
-on a machine without a GPU: Triton's own JIT, with the
-specializations a real call makes (alignment and divisibility read off the arguments), down to a cubin by the ptxas
-that ships in the triton wheel, and each fits an H100/H200 SM's shared memory. Nothing runs: a compile-only Triton
-driver answers the JIT's device questions and every launch is a warm-up (the outputs stay garbage), so this catches
-what the interpreter cannot (a construct the GPU backend refuses, a register or shared-memory budget blown by a
-config) and says nothing about values, which the interpreter checks and the GPU tests do. Host paths that depend on
-the device (PDL, the cuBLAS GEMMs) are the CPU's: PDL off, no cuBLAS."""
+on a machine without a GPU: Triton's own JIT, with the specializations a real call makes (alignment and divisibility
+read off the arguments), down to a cubin by the ptxas that ships in the triton wheel, and each fits an H100/H200
+SM's shared memory. Nothing runs: a compile-only Triton driver answers the JIT's device questions and every launch
+is a warm-up (the outputs stay garbage), so this catches what the interpreter cannot (a construct the GPU backend
+refuses, a register or shared-memory budget blown by a config) and says nothing about values, which the interpreter
+checks and the GPU tests do. Host paths that depend on the device (PDL, the cuBLAS GEMMs) are the CPU's: PDL off, no
+cuBLAS."""
 
 from __future__ import annotations
 
