@@ -1,11 +1,11 @@
-"""The FP8, MoE, decode GEMV, paged attention, KV write, rotary and sampling Triton kernels compile for Hopper (sm_90)
-on a machine without a GPU: Triton's own JIT, with the specializations a real call makes (alignment and divisibility
-read off the arguments), down to a cubin by the ptxas that ships in the triton wheel, and each fits an H100/H200
-SM's shared memory. Nothing runs: a compile-only Triton driver answers the JIT's device questions and every launch
-is a warm-up (the outputs stay garbage), so this catches what the interpreter cannot (a construct the GPU backend
-refuses, a register or shared-memory budget blown by a config) and says nothing about values, which the interpreter
-checks and the GPU tests do. Host paths that depend on the device (PDL, the cuBLAS GEMMs) are the CPU's: PDL off, no
-cuBLAS."""
+"""The FP8, MoE, decode GEMV, paged attention, MLA (the Gluon Hopper kernels too), KV write, rotary and sampling Triton
+kernels compile for Hopper (sm_90) on a machine without a GPU: Triton's own JIT, with the specializations a real
+call makes (alignment and divisibility read off the arguments), down to a cubin by the ptxas that ships in the
+triton wheel, and each fits an H100/H200 SM's shared memory. Nothing runs: a compile-only Triton driver answers the
+JIT's device questions and every launch is a warm-up (the outputs stay garbage), so this catches what the
+interpreter cannot (a construct the GPU backend refuses, a register or shared-memory budget blown by a config) and
+says nothing about values, which the interpreter checks and the GPU tests do. Host paths that depend on the device
+(PDL, the cuBLAS GEMMs) are the CPU's: PDL off, no cuBLAS."""
 
 from __future__ import annotations
 
@@ -120,7 +120,7 @@ def _calls():
                           fused_linear.silu_and_mul_linear(torch.cat([x, x], 1), w)))
             calls.append((f"rms_norm {dtype} M {m}", lambda x=x, nw=nw: norm.rms_norm(x, nw, 1e-6, x)))
             calls.append((f"silu_and_mul {dtype} M {m}", lambda x=x: activation.silu_and_mul(torch.cat([x, x], 1))))
-    return calls + _attention_calls()
+    return calls + _attention_calls() + _mla_calls()
 
 
 def _attention_calls():
@@ -154,6 +154,32 @@ def _attention_calls():
     return calls
 
 
+def _mla_calls():
+    """MLA decode (16 heads: the Gluon few-heads kernel; 128: the Gluon wgmma kernel) and prefill, bf16 and fp8
+    latent caches; the host's answers of an H100/H200 (Hopper, 227 KB of shared memory) patched in where it would
+    ask the device."""
+    import torch
+
+    from atom_kernels.triton.mla import decode, mla_attention
+
+    decode.hopper = lambda device: decode.GLUON_HOPPER
+    decode.shared_memory = lambda device: SM90_SHARED
+    tables = torch.arange(32, dtype=torch.int32).view(4, 8)
+    calls = []
+    for heads in (16, 128):
+        for cache_dtype in (torch.bfloat16, torch.float8_e4m3fn):
+            cache = torch.zeros(64, 64, 576, dtype=cache_dtype)
+            scale = torch.ones(1) if cache_dtype != torch.bfloat16 else None
+            q = torch.randn(40, heads, 576, dtype=torch.bfloat16)
+            calls.append((f"mla decode {heads} heads {cache_dtype}", lambda q=q, c=cache, s=scale: mla_attention(
+                q[:4], c, tables, torch.tensor([100, 50, 7, 128], dtype=torch.int32),
+                torch.arange(5, dtype=torch.int32), 0.1, 512, s, max_query_len=1, num_decodes=4)))
+            calls.append((f"mla prefill {heads} heads {cache_dtype}", lambda q=q, c=cache, s=scale: mla_attention(
+                q, c, tables[:2], torch.tensor([10, 30], dtype=torch.int32),
+                torch.tensor([0, 10, 40], dtype=torch.int32), 0.1, 512, s, max_query_len=30, num_decodes=0)))
+    return calls
+
+
 def compile_all() -> None:
     compiled = compile_only_driver()
     for what, call in _calls():
@@ -167,6 +193,9 @@ def compile_all() -> None:
     assert not too_big, f"kernels over sm_90's {SM90_SHARED} bytes of shared memory: {too_big}"
     assert all(size > 0 for *_, size in compiled)
     names = sorted({name for name, *_ in compiled})
+    from atom_kernels.triton.mla.decode import GLUON_HOPPER
+
+    assert not GLUON_HOPPER or {"_mla_decode_wgmma_kernel", "_mla_decode_few_heads_kernel"} <= set(names), names
     print(f"{len(compiled)} launches compiled for sm_90: {', '.join(names)}")
     print("sm90 compile checks passed")
 
