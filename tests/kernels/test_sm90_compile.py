@@ -84,7 +84,7 @@ def _calls():
     e4m3 = torch.float8_e4m3fn
     calls = []
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
-        for m in (1, 16, 32, 64, 4096):
+        for m in (1, 16, 32, 64, 4096) if dtype == torch.bfloat16 else (1, 64):  # fp16 / fp32: their dots
             for n, k, block in ((2048, 4096, 128), (4096, 12288, 128), (4096, 4096, 4096), (96, 300, 300)):
                 x, w = torch.randn(m, k, dtype=dtype), torch.empty(n, k, dtype=e4m3)
                 s, bias = torch.ones(n, -(-k // block)), torch.zeros(n, dtype=dtype)
