@@ -126,11 +126,18 @@ def scaled_mm_rowwise(xq, xs, weight, weight_scale, bias, dtype) -> torch.Tensor
                        bias=bias, output_dtype=dtype)
 
 
-def _probe(device: torch.device, dtype: torch.dtype) -> Support:
+def _missing(device: torch.device, recipe: str) -> str:
+    """Why this GPU or torch build has no F.scaled_mm with the scaling `recipe` (a ScalingType name); "" if it has."""
     if torch.version.hip is not None or torch.cuda.get_device_capability(device) < (9, 0):
-        return Support(False, False, False, "needs an NVIDIA GPU of sm_90 or later")
-    if not hasattr(F, "scaled_mm") or not hasattr(getattr(F, "ScalingType", None), "BlockWise128x128"):
-        return Support(False, False, False, f"torch {torch.__version__} has no F.scaled_mm with BlockWise128x128")
+        return "needs an NVIDIA GPU of sm_90 or later"
+    if not hasattr(F, "scaled_mm") or not hasattr(getattr(F, "ScalingType", None), recipe):
+        return f"torch {torch.__version__} has no F.scaled_mm with {recipe}"
+    return ""
+
+
+def _probe(device: torch.device, dtype: torch.dtype) -> Support:
+    if why := _missing(device, "BlockWise128x128"):
+        return Support(False, False, False, why)
     aligned, note = _attempt(_matches, device, dtype, 256)
     if not aligned:
         return Support(False, False, False, note)
@@ -178,10 +185,8 @@ def _bias_rounds_once(device: torch.device, dtype: torch.dtype, m: int = 40, n: 
 
 
 def _probe_rowwise(device: torch.device, dtype: torch.dtype) -> Support:
-    if torch.version.hip is not None or torch.cuda.get_device_capability(device) < (9, 0):
-        return Support(False, False, False, "needs an NVIDIA GPU of sm_90 or later")
-    if not hasattr(F, "scaled_mm") or not hasattr(getattr(F, "ScalingType", None), "RowWise"):
-        return Support(False, False, False, f"torch {torch.__version__} has no F.scaled_mm with RowWise")
+    if why := _missing(device, "RowWise"):
+        return Support(False, False, False, why)
     ok, note = _attempt(_rowwise_matches, device, dtype)
     if not ok:
         return Support(False, False, False, note)

@@ -169,10 +169,10 @@ def matmul(kernel: str, xq, xs, weight, weight_scale, block_k, bias, dtype) -> t
 
 
 def path(x, weight, block_k, bias, block_n) -> str:
-    """The kernel fp8_linear runs x [M, K] (contiguous) on, for the inputs it keeps from the reference (block-scaled
-    weight, activation groups of block_k, no input_scale): "gemv" (M <= GEMV_MAX_M); from M >= cublas_min_m(K)
-    "cublas_row" (one scale over K: per channel and per token, fp8_cublas.fits_rowwise) or "cublas" (rows
-    block-structured in 128x128 blocks and fp8_cublas.fits: device, dtype, shape, bias); else "tile"."""
+    """The kernel fp8_linear runs x [M, K] (contiguous) on, for the inputs it keeps from the reference (runs_here):
+    "gemv" (M <= GEMV_MAX_M); from M >= cublas_min_m(K) "cublas_row" (one scale over K: per channel and per token,
+    fp8_cublas.fits_rowwise) or "cublas" (rows block-structured in 128x128 blocks and fp8_cublas.fits: device,
+    dtype, shape, bias); else "tile"."""
     m, k = x.shape
     if m <= GEMV_MAX_M:
         return "gemv"
