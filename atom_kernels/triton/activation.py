@@ -10,6 +10,14 @@ from atom_kernels.triton._utils import FLOAT_DTYPES, check, check_dtype, pdl, pd
 
 
 @triton.jit
+def silu_mul(gate, up, dtype: tl.constexpr):
+    """silu(gate) * up of float32 gate and up, in dtype, rounded as F.silu(gate) * up rounds: the silu to dtype
+    before the multiply."""
+    silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+    return (silu * up).to(dtype)
+
+
+@triton.jit
 def _silu_and_mul_kernel(x_ptr, out_ptr, sx_row, D, BLOCK: tl.constexpr, PDL: tl.constexpr):
     # grid (rows, cdiv(D, BLOCK)); out is contiguous [rows, D].
     pdl_prologue(PDL)
@@ -18,10 +26,7 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, sx_row, D, BLOCK: tl.constexpr, PDL: tl
     mask = offs < D
     g = tl.load(x_ptr + row * sx_row + offs, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(x_ptr + row * sx_row + D + offs, mask=mask, other=0.0).to(tl.float32)
-    dtype = out_ptr.dtype.element_ty
-    # silu rounded to the activation dtype before the multiply, as F.silu(gate) * up does.
-    s = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
-    tl.store(out_ptr + row * D + offs, (s * u).to(dtype), mask=mask)
+    tl.store(out_ptr + row * D + offs, silu_mul(g, u, out_ptr.dtype.element_ty), mask=mask)
 
 
 def silu_and_mul(x):

@@ -22,8 +22,9 @@ import triton.language as tl
 from atom_kernels.reference import fused_linear as composite
 from atom_kernels.triton import fp8_linear as linear
 from atom_kernels.triton._utils import pdl, pdl_prologue, pow2
+from atom_kernels.triton.activation import silu_mul
 from atom_kernels.triton.fp8_quant import scale_buffer, store_groups
-from atom_kernels.triton.norm import rms_scale
+from atom_kernels.triton.norm import rms_norm_row
 
 SILU_BLOCK = 1024  # columns a SiLU-and-mul program quantizes (a multiple of every block_k fp8_linear takes)
 ROW_MAX = 16384  # per-token groups: the widest row (a power of two) one program quantizes; wider runs the two ops
@@ -36,17 +37,8 @@ def _rms_norm_quant_kernel(x_ptr, r_ptr, w_ptr, q_ptr, s_ptr, res_out_ptr, eps, 
     # (ss_m, ss_g). BLOCK = pow2(N) >= GROUP: the whole row (the norm needs its sum of squares first).
     pdl_prologue(PDL)
     row = tl.program_id(0).to(tl.int64)
-    offs = tl.arange(0, BLOCK)
-    mask = offs < N
-    x = tl.load(x_ptr + row * N + offs, mask=mask, other=0.0)
-    if HAS_RESIDUAL:  # x + residual rounded to the activation dtype, as the reference adds
-        r = tl.load(r_ptr + row * N + offs, mask=mask, other=0.0)
-        x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
-        tl.store(res_out_ptr + row * N + offs, x, mask=mask)
-    xf = x.to(tl.float32)
-    rstd = tl.rsqrt(tl.sum(xf * xf, axis=0) / N + eps)
-    w = tl.load(w_ptr + offs, mask=mask, other=0.0)
-    y = rms_scale(xf, w, rstd, x_ptr.dtype.element_ty, x_ptr.dtype.element_ty)  # masked columns: 0
+    y = rms_norm_row(x_ptr + row * N, r_ptr + row * N, w_ptr, res_out_ptr + row * N, eps, N, BLOCK, HAS_RESIDUAL,
+                     x_ptr.dtype.element_ty)  # masked columns: 0
     store_groups(y, q_ptr + row * N, s_ptr + row * ss_m, ss_g, 0, N, BLOCK, GROUP)
 
 
@@ -60,11 +52,9 @@ def _silu_and_mul_quant_kernel(x_ptr, q_ptr, s_ptr, D, ss_m, ss_g, BLOCK: tl.con
     start = tl.program_id(1) * BLOCK
     offs = start + tl.arange(0, BLOCK)
     mask = offs < D
-    dtype = x_ptr.dtype.element_ty
     g = tl.load(x_ptr + row * 2 * D + offs, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(x_ptr + row * 2 * D + D + offs, mask=mask, other=0.0).to(tl.float32)
-    s = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)  # silu rounded before the multiply, as F.silu(g) * u
-    y = (s * u).to(dtype).to(tl.float32)
+    y = silu_mul(g, u, x_ptr.dtype.element_ty).to(tl.float32)
     store_groups(y, q_ptr + row * D, s_ptr + row * ss_m, ss_g, start, D, BLOCK, GROUP)
 
 

@@ -23,13 +23,14 @@ import triton
 import triton.language as tl
 
 from atom_kernels.triton._utils import FLOAT_DTYPES, pdl, pdl_prologue, pow2
-from atom_kernels.triton.norm import rms_scale
+from atom_kernels.triton.activation import silu_mul
+from atom_kernels.triton.norm import add_residual, rms_scale
 
 
 @triton.jit
 def _add_residual(x, r_ptr, kk, mask):
     """x + residual[kk], rounded to x's dtype as the reference adds."""
-    return (x.to(tl.float32) + tl.load(r_ptr + kk, mask=mask, other=0.0).to(tl.float32)).to(x.dtype)
+    return add_residual(x, tl.load(r_ptr + kk, mask=mask, other=0.0))
 
 
 @triton.jit
@@ -42,8 +43,7 @@ def _input_tile(x_ptr, r_ptr, nw_ptr, r_out_ptr, kk, mask, K, rstd, WRITE_RES,
     if PROLOGUE == 2:
         g = tl.load(x_ptr + kk, mask=mask, other=0.0).to(tl.float32)
         u = tl.load(x_ptr + K + kk, mask=mask, other=0.0).to(tl.float32)
-        s = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)  # as activation.silu_and_mul rounds
-        return (s * u).to(dtype).to(tl.float32)
+        return silu_mul(g, u, dtype).to(tl.float32)
     x = tl.load(x_ptr + kk, mask=mask, other=0.0)
     if PROLOGUE == 1:
         if HAS_RES:

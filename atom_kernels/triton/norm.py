@@ -19,6 +19,29 @@ def rms_scale(x, w, rstd, X_DTYPE: tl.constexpr, OUT_DTYPE: tl.constexpr):
 
 
 @triton.jit
+def add_residual(x, r):
+    """x + residual, rounded to x's dtype as the reference adds."""
+    return (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
+
+
+@triton.jit
+def rms_norm_row(x_row, r_row, w_ptr, res_row, eps, N, BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                 OUT_DTYPE: tl.constexpr):
+    """One row of N columns held whole (BLOCK >= N): weight * normed(x (+ the residual, the sum stored at res_row)),
+    float32 rounded as the reference rounds; masked columns 0."""
+    offs = tl.arange(0, BLOCK)
+    mask = offs < N
+    x = tl.load(x_row + offs, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        x = add_residual(x, tl.load(r_row + offs, mask=mask, other=0.0))
+        tl.store(res_row + offs, x, mask=mask)
+    xf = x.to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(xf * xf, axis=0) / N + eps)
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0)
+    return rms_scale(xf, w, rstd, x_row.dtype.element_ty, OUT_DTYPE)
+
+
+@triton.jit
 def _rms_norm_kernel(
     x_ptr, r_ptr, w_ptr, out_ptr, res_out_ptr, eps,
     sx_a, sx_b, sr_a, sr_b, B, N,
@@ -28,19 +51,10 @@ def _rms_norm_kernel(
     pdl_prologue(PDL)
     row = tl.program_id(0).to(tl.int64)
     a, b = row // B, row % B
+    y = rms_norm_row(x_ptr + a * sx_a + b * sx_b, r_ptr + a * sr_a + b * sr_b, w_ptr, res_out_ptr + row * N, eps, N,
+                     BLOCK, HAS_RESIDUAL, OUT_DTYPE)
     offs = tl.arange(0, BLOCK)
-    mask = offs < N
-    x = tl.load(x_ptr + a * sx_a + b * sx_b + offs, mask=mask, other=0.0)
-    if HAS_RESIDUAL:
-        r = tl.load(r_ptr + a * sr_a + b * sr_b + offs, mask=mask, other=0.0)
-        # x + residual rounded to the activation dtype, as the reference adds.
-        x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
-        tl.store(res_out_ptr + row * N + offs, x, mask=mask)
-    xf = x.to(tl.float32)
-    rstd = tl.rsqrt(tl.sum(xf * xf, axis=0) / N + eps)
-    w = tl.load(w_ptr + offs, mask=mask, other=0.0)
-    y = rms_scale(xf, w, rstd, x_ptr.dtype.element_ty, OUT_DTYPE)
-    tl.store(out_ptr + row * N + offs, y.to(OUT_DTYPE), mask=mask)
+    tl.store(out_ptr + row * N + offs, y.to(OUT_DTYPE), mask=offs < N)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:

@@ -38,6 +38,7 @@ from atom_kernels.triton._utils import (
     pdl_prologue,
     powers_of_two_up_to,
 )
+from atom_kernels.triton.activation import silu_mul
 from atom_kernels.triton.moe.align import max_blocks, moe_align
 from atom_kernels.triton.moe.gemv import fused_moe_gemv
 
@@ -140,10 +141,9 @@ def store_silu_mul(act_ptr, acc_g, acc_u, pair, valid, n0, INTER, BLOCK_N: tl.co
     dtype = act_ptr.dtype.element_ty
     gate = acc_g.to(dtype).to(tl.float32)
     up = acc_u.to(dtype).to(tl.float32)
-    silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
     cols = n0 + tl.arange(0, BLOCK_N)
     out = act_ptr + pair.to(tl.int64)[:, None] * INTER + cols[None, :]
-    tl.store(out, (silu * up).to(dtype), mask=valid[:, None] & (cols < INTER)[None, :])
+    tl.store(out, silu_mul(gate, up, dtype), mask=valid[:, None] & (cols < INTER)[None, :])
 
 
 @triton.jit(do_not_specialize=["num_pairs", "num_m"])  # token counts: no recompiles per step

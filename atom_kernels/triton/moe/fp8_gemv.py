@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from atom_kernels.triton._utils import pdl, pdl_prologue, pow2
+from atom_kernels.triton.activation import silu_mul
 from atom_kernels.triton.fp8_quant import fake_quant_rows, fp8_quantize_rows
 
 
@@ -66,8 +67,7 @@ def _fp8_gate_up_gemv_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, ids_ptr, act_ptr, E, 
     dtype = act_ptr.dtype.element_ty
     gate = tl.sum(acc_g, axis=1).to(dtype).to(tl.float32)
     up = tl.sum(acc_u, axis=1).to(dtype).to(tl.float32)
-    silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
-    tl.store(act_ptr + pair * INTER + n, (silu * up).to(dtype), mask=n_mask)
+    tl.store(act_ptr + pair * INTER + n, silu_mul(gate, up, dtype), mask=n_mask)
 
 
 @triton.jit

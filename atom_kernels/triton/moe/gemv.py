@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from atom_kernels.triton._utils import pdl, pdl_prologue, pow2
+from atom_kernels.triton.activation import silu_mul
 
 
 @triton.jit
@@ -59,8 +60,7 @@ def _gate_up_gemv_kernel(x_ptr, w_ptr, ids_ptr, act_ptr, E, H, INTER, top_k, sx,
     dtype = act_ptr.dtype.element_ty
     gate = tl.sum(acc_g, axis=1).to(dtype).to(tl.float32)
     up = tl.sum(acc_u, axis=1).to(dtype).to(tl.float32)
-    silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
-    tl.store(act_ptr + pair * INTER + n, (silu * up).to(dtype), mask=n_mask)
+    tl.store(act_ptr + pair * INTER + n, silu_mul(gate, up, dtype), mask=n_mask)
 
 
 @triton.jit
