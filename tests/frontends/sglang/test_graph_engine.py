@@ -25,16 +25,17 @@ pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 CHUNKED = dict(chunked_prefill_size=16, enable_mixed_chunk=True, cuda_graph_backend_prefill="disabled")
 # torch.compile of the decode graphs' forward for every captured batch size (1, 2, 4, 8)
 COMPILED = dict(enable_torch_compile=True, torch_compile_max_bs=8)
-# Real DeepSeek configs carry moe_layer_freq, transformers 5's do not; SGLang's own DeepSeek (test_own_model_gpu.py,
-# which reuses these engines) reads it
-DEEPSEEK = dict(moe_layer_freq=1)
+# Real DeepSeek configs carry moe_layer_freq and the router's scoring_func / groups, transformers 5's do not; SGLang's
+# own DeepSeek (test_own_model_gpu.py, which reuses these engines) reads them. V2-Lite's router: softmax, one group.
+DEEPSEEK_V2 = dict(moe_layer_freq=1, scoring_func="softmax", n_group=1, topk_group=1)
+DEEPSEEK_V3 = dict(moe_layer_freq=1, scoring_func="sigmoid")
 # name: (architecture, checkpoint overrides, engine args)
 CASES = {
     "qwen3": ("Qwen3ForCausalLM", {}, {}),
     "llama-chunked": ("LlamaForCausalLM", {}, CHUNKED),
     "qwen3-moe": (*MOE, {}),  # top-3 MoE layers around a dense one
-    "deepseek-v2-chunked": ("DeepseekV2ForCausalLM", DEEPSEEK, CHUNKED),  # SGLang's MLA pool, no q-LoRA
-    "deepseek-v3": ("DeepseekV3ForCausalLM", DEEPSEEK, {}),  # SGLang's MLA pool
+    "deepseek-v2-chunked": ("DeepseekV2ForCausalLM", DEEPSEEK_V2, CHUNKED),  # SGLang's MLA pool, no q-LoRA
+    "deepseek-v3": ("DeepseekV3ForCausalLM", DEEPSEEK_V3, {}),  # SGLang's MLA pool
     "qwen3-torch-compile": ("Qwen3ForCausalLM", {}, COMPILED),
 }
 

@@ -9,21 +9,26 @@ What is compared, and why it can still fail:
 - atom-core == transformers, exactly (as in test_graph_engine.py): IEEE float32 on both sides (our Triton kernels
   use input_precision="ieee"), so a broken op breaks it.
 - SGLang's own == transformers, exactly for the dense models (Qwen3, Llama), so == atom-core too. For the MoE models
-  (Qwen3-MoE, DeepSeek-V2/V3) a sequence may instead first differ at a near tie, where transformers' float32 logits of
-  the two tokens are within MOE_TIE, and is not compared after it: SGLang's Triton fused_moe stores a float32 model's
-  expert products in fp16 (its compute_type is fp16 for anything but bf16). Rounding transformers' expert products so
-  on CPU moved these checkpoints' logits by up to 0.004 and flipped no token, but their greedy paths pass top-2
-  margins of 0.006-0.008. A divergence at any larger margin fails.
+  (Qwen3-MoE, DeepSeek-V2/V3) a sequence may instead first differ at a near tie, where transformers' float32 logits
+  of the two tokens are within MOE_TIE, and is not compared after it: SGLang's MoE layer sums its experts in its own
+  order (under OWN_ENV its torch reference; its Triton fused_moe, where it runs, stores a float32 model's expert
+  products in fp16, its compute_type for anything but bf16). Rounding transformers' expert products so on CPU moved
+  these checkpoints' logits by up to 0.004 and flipped no token, but their greedy paths pass top-2 margins of
+  0.006-0.008. A divergence at any larger margin fails.
 SGLang's own models do not run in float32 on CUDA as they come, so their process gets two settings (OWN_BACKEND,
 OWN_ENV): SGLang's default attention backend on an H200, fa3 (flashinfer elsewhere), takes fp16/bf16 only, so its
 Triton backend ("triton", CUDA graphs supported) runs instead; sgl_kernel 0.4.10's rmsnorm has no float32 kernel
 (fused_add_rmsnorm has), so SGLANG_FORCE_FUSED_OP_BACKEND=torch, SGLang's own switch, runs its fused ops (RMSNorm,
-RoPE, SiluAndMul, TopK) on their torch references; and TRITON_F32_DEFAULT=ieee makes its Triton dots (attention,
-fused_moe) IEEE float32 rather than TF32, as ours are. SGLang's own Qwen3-MoE treats every layer as sparse (it
-ignores mlp_only_layers: on test_graph_engine.py's checkpoint, with one dense layer, its tokens leave transformers'),
-so its checkpoint here has no dense layer. Checked on CPU with these settings (torch_native attention, a stub for the
-vLLM op SGLang's rope imports there): SGLang's own Qwen3, Llama (chunked) and all-sparse Qwen3-MoE == transformers
-through this file's subprocess; its own DeepSeek does not run on CPU.
+RoPE, SiluAndMul, TopK, the MoE layer) on their torch references; and TRITON_F32_DEFAULT=ieee makes its Triton dots
+IEEE float32 rather than TF32, as ours are. The MoE layer's torch reference (moe_forward_native) copies its
+per-expert token counts to the CPU, which no CUDA graph captures ("Cannot copy between CPU and CUDA tensors during
+CUDA graph capture", H100 2026-12-07), so SGLang's own MoE models run without graphs here (OWN_EAGER; atom-core's keep
+theirs). SGLang's own DeepSeek reads scoring_func, n_group and topk_group from the config, as released checkpoints
+carry them (test_graph_engine.py's DEEPSEEK_V2 / DEEPSEEK_V3). SGLang's own Qwen3-MoE treats every layer as sparse
+(it ignores mlp_only_layers: on test_graph_engine.py's checkpoint, with one dense layer, its tokens leave
+transformers'), so its checkpoint here has no dense layer. Checked on CPU with these settings (torch_native
+attention, a stub for the vLLM op SGLang's rope imports there): SGLang's own Qwen3, Llama (chunked) and all-sparse
+Qwen3-MoE == transformers through this file's subprocess; its own DeepSeek does not run on CPU.
 """
 
 from __future__ import annotations
@@ -41,16 +46,17 @@ pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 OWN_BACKEND = "triton"
 OWN_ENV = {"SGLANG_FORCE_FUSED_OP_BACKEND": "torch", "TRITON_F32_DEFAULT": "ieee"}
 MOE_TIE = 0.02  # ~5x the largest logit error that fp16 expert stores caused on CPU (0.004)
+OWN_EAGER = dict(disable_cuda_graph=True)  # SGLang's own MoE models under OWN_ENV (module doc)
 # name: ((architecture, checkpoint overrides, engine args of both engines), logit margin up to which SGLang's own
-# model may leave transformers' tokens). test_graph_engine.py's cases: run in one pytest session, atom-core's engine
-# of each is started once for both files (the atom_graph_tokens fixture).
+# model may leave transformers' tokens, SGLang's own engine's extra args). test_graph_engine.py's cases: run in one
+# pytest session, atom-core's engine of each is started once for both files (the atom_graph_tokens fixture).
 CASES = {
-    "qwen3": (GRAPH_CASES["qwen3"], 0.0),
-    "llama-chunked": (GRAPH_CASES["llama-chunked"], 0.0),
+    "qwen3": (GRAPH_CASES["qwen3"], 0.0, {}),
+    "llama-chunked": (GRAPH_CASES["llama-chunked"], 0.0, {}),
     "qwen3-moe-all-sparse": (("Qwen3MoeForCausalLM", dict(num_experts_per_tok=3, num_hidden_layers=3,
-                                                          mlp_only_layers=[]), {}), MOE_TIE),
-    "deepseek-v2-chunked": (GRAPH_CASES["deepseek-v2-chunked"], MOE_TIE),
-    "deepseek-v3": (GRAPH_CASES["deepseek-v3"], MOE_TIE),
+                                                          mlp_only_layers=[]), {}), MOE_TIE, OWN_EAGER),
+    "deepseek-v2-chunked": (GRAPH_CASES["deepseek-v2-chunked"], MOE_TIE, OWN_EAGER),
+    "deepseek-v3": (GRAPH_CASES["deepseek-v3"], MOE_TIE, OWN_EAGER),
 }
 
 
@@ -67,14 +73,15 @@ def divergence(model, prompt: list[int], ref: list[int], got: list[int]) -> tupl
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_atom_core_and_sglangs_own_model_match_transformers(checkpoint_factory, atom_graph_tokens, prompts, name):
-    (arch, overrides, engine_args), tie = CASES[name]
+    (arch, overrides, engine_args), tie, own_args = CASES[name]
     path = checkpoint_factory(arch, **overrides)
     rounds = [prompts, followup_prompts(prompts)]
     ours = atom_graph_tokens(path, rounds, **engine_args)
-    own = own_model_tokens(path, rounds, dict(attention_backend=OWN_BACKEND, **GRAPHS, **engine_args), NEW_TOKENS,
-                           env=OWN_ENV)
+    own = own_model_tokens(path, rounds, dict(attention_backend=OWN_BACKEND, **GRAPHS, **engine_args) | own_args,
+                           NEW_TOKENS, env=OWN_ENV)
     assert own["model_class"].startswith("sglang.srt.models."), own["model_class"]  # SGLang's, not ours
-    assert (own["attention_backend"], own["decode_graph"]) == (OWN_BACKEND, "full")
+    graph = "disabled" if own_args.get("disable_cuda_graph") else "full"
+    assert (own["attention_backend"], own["decode_graph"]) == (OWN_BACKEND, graph)
 
     everything = rounds[0] + rounds[1]
     ref = hf_greedy(path, everything, NEW_TOKENS)
