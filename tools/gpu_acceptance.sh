@@ -5,7 +5,7 @@
 #   setsid nohup bash tools/gpu_acceptance.sh STEP LOGDIR > LOGDIR/STEP.out 2>&1 &
 # and keep the machine busy while waiting with calls like `sleep 200; tail -n1 LOGDIR/*/*.log`. Every `run` call re-syncs
 # the checkout (a lazy import in that window failed once): start long steps from a copy (cp -r . /tmp/repo; cd /tmp/repo).
-#   kernels    the machine's own torch/triton: the Triton kernels' GPU tests, ten groups side by side (small memory;
+#   kernels    the machine's own torch/triton: the Triton kernels' GPU tests, twelve groups side by side (small memory;
 #              H200 2026-11-29 with seven groups: 10 min, the longest the MLA group)
 #   native     the native engine's GPU tests (each engine sizes its KV cache from the free GPU memory: run it alone)
 #   sglang     the carried SGLang (after tools/gpu_sglang/assemble.sh): decode graphs; engines with graphs and SGLang's
@@ -43,7 +43,8 @@ for step in ${steps//,/ }; do
       "moe1=$K/test_triton_moe.py -m gpu -k 'matches_reference or every_tile'" \
       "moe2=$K/test_triton_moe.py -m gpu -k 'not (matches_reference or every_tile)'" \
       "fp8_shapes=$K/test_triton_fp8_moe.py -m gpu -k model_shapes" \
-      "fp8=$K/test_triton_fp8_moe.py $K/test_triton_fp8_linear_interpreter.py -k 'not model_shapes'" \
+      "fp8_moe=$K/test_triton_fp8_moe.py -m gpu -k 'not model_shapes'" \
+      "fp8_linear=$K/test_triton_fp8_linear_interpreter.py -m gpu" \
       "fp8_fused=$K/test_triton_fp8_prologue.py $K/test_triton_fp8_per_channel.py -m gpu" \
       "linear=$K/test_triton_linear.py $K/test_triton_fused_linear.py $K/test_dispatch.py -m gpu" \
       "other=$K/test_triton_norm_rope_act.py $K/test_triton_fused.py $K/test_triton_kv_cache.py $K/test_triton_sampling.py $K/test_pdl.py $K/test_triton_dispatch.py -m gpu"
