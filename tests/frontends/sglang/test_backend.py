@@ -3,7 +3,9 @@
 Both run on real SGLang pools and ForwardBatches in identical states: same outputs, same KV writes,
 for EXTEND over cached prefixes, DECODE, MIXED, IDLE, with sliding windows and GQA, for SGLang's own
 RadixAttention layers and for atom-core's layer class alike, on float32 and bfloat16 pools; and over SGLang's
-MLA token pool (the absorbed form: one latent "head" of r + rope, values its first r features).
+MLA token pool (the absorbed form: one latent "head" of r + rope, values its first r features). On helpers.DEVICE:
+on a GPU machine our Triton kernels against torch_native on SGLang's CUDA pools (CPU pools there take SGLang's CUDA
+KV-write path and fail in SGLang).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import pytest
 import torch
 
 from tests.frontends.sglang.batches import Requests, idle_batch, make_runner, sglang_runtime
+from tests.frontends.sglang.helpers import DEVICE
 
 HEADS, KV_HEADS, HEAD_DIM, LAYERS = 4, 2, 16, 2
 LENGTHS = [7, 30, 1, 12]  # whole sequences of the four requests
@@ -40,8 +43,8 @@ def _layer(kind: str, window: int | None):
 def _two_runners(dtype=torch.float32, **pool):
     """Our runner and the oracle's: identical pools holding random K/V for every slot already."""
     pool = pool or dict(kv_heads=KV_HEADS, head_dim=HEAD_DIM)
-    ours = make_runner(LAYERS, dtype=dtype, **pool)
-    theirs = make_runner(LAYERS, dtype=dtype, **pool)
+    ours = make_runner(LAYERS, dtype=dtype, device=DEVICE, **pool)
+    theirs = make_runner(LAYERS, dtype=dtype, device=DEVICE, **pool)
     torch.manual_seed(0)
     for buf in _buffers(ours):
         buf.normal_()
@@ -79,8 +82,9 @@ def test_matches_torch_native(mode, window, layer_kind, save_kv_cache, dtype):
     ours, theirs, reqs = _two_runners(dtype)
     fb = reqs.batch(dict(zip(reqs.tokens, SPANS[mode])), mode=mode.upper())
     t = fb.input_ids.shape[0]
-    q = torch.randn(t, HEADS * HEAD_DIM, dtype=dtype)
-    k, v = torch.randn(t, KV_HEADS, HEAD_DIM, dtype=dtype), torch.randn(t, KV_HEADS, HEAD_DIM, dtype=dtype)
+    q = torch.randn(t, HEADS * HEAD_DIM, dtype=dtype, device=DEVICE)
+    k = torch.randn(t, KV_HEADS, HEAD_DIM, dtype=dtype, device=DEVICE)
+    v = torch.randn(t, KV_HEADS, HEAD_DIM, dtype=dtype, device=DEVICE)
     layer = _layer(layer_kind, window)
     got = _run(create_backend(ours), layer, fb, q, k, v, save_kv_cache)
     want = _run(TorchNativeAttnBackend(theirs), layer, fb, q, k, v, save_kv_cache)
@@ -122,8 +126,8 @@ def test_mla_pool_matches_torch_native(sglang_checkpoint, mode, layer_kind, save
     ours, theirs, reqs = _two_runners(kv_heads=1, head_dim=MLA_RANK + MLA_ROPE, mla_rope_dim=MLA_ROPE)
     fb = reqs.batch(dict(zip(reqs.tokens, SPANS[mode])), mode=mode.upper())
     t = fb.input_ids.shape[0]
-    q = torch.randn(t, HEADS, MLA_RANK + MLA_ROPE)
-    k = torch.randn(t, 1, MLA_RANK + MLA_ROPE)
+    q = torch.randn(t, HEADS, MLA_RANK + MLA_ROPE, device=DEVICE)
+    k = torch.randn(t, 1, MLA_RANK + MLA_ROPE, device=DEVICE)
     layer = _mla_layer(layer_kind)
     got = _run(create_backend(ours), layer, fb, q, k, k[..., :MLA_RANK], save_kv_cache)
     with sglang_runtime(sglang_checkpoint("llama")):  # the MLA pool's own write reads SGLang's parallel config
@@ -144,7 +148,8 @@ def test_mla_layer_over_the_mha_pool_is_refused():
     backend = create_backend(reqs.runner)
     backend.init_forward_metadata(fb)
     t = fb.input_ids.shape[0]
-    q, k = torch.randn(t, HEADS, MLA_RANK + MLA_ROPE), torch.randn(t, 1, MLA_RANK + MLA_ROPE)
+    q = torch.randn(t, HEADS, MLA_RANK + MLA_ROPE, device=DEVICE)
+    k = torch.randn(t, 1, MLA_RANK + MLA_ROPE, device=DEVICE)
     with pytest.raises(NotImplementedError, match="latent \\(MLA\\)-attention layer over SGLang's MHA"):
         backend.forward(q, k, k[..., :MLA_RANK], _mla_layer("atom"), fb)
 
