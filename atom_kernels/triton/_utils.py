@@ -72,6 +72,20 @@ def pdl_prologue(PDL: tl.constexpr):
         gdc_launch_dependents()
 
 
+@triton.jit
+def prefetch_l2(ptrs):
+    """Ask L2 for the 128-byte line at each pointer of `ptrs` (any shape). PTX prefetch: no register written, no
+    fault, nothing waits for it. For weights, which no kernel writes, before pdl_prologue: a GEMV launched early
+    waits there while the kernel before it finishes, and DRAM would idle for that time but for this."""
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
+                              is_pure=False, pack=1)
+
+
+def prefetch(device: torch.device) -> bool:
+    """Whether a GEMV launched with pdl(device) prefetches its first weight tiles (switch ATOM_PDL_PREFETCH)."""
+    return pdl(device)["PDL"] and envs.ATOM_PDL_PREFETCH
+
+
 @functools.cache
 def nvidia_sm90(index: int) -> bool:
     """CUDA device `index` is an NVIDIA GPU of compute capability 9 or newer (Hopper): programmatic dependent launch,

@@ -38,11 +38,14 @@ import torch
 import triton
 import triton.language as tl
 
-from atom_kernels.triton._utils import pdl, pdl_prologue, pow2
+from atom_kernels.triton._utils import pdl, pdl_prologue, pow2, prefetch, prefetch_l2
 from atom_kernels.triton.attention.decode import num_sms
 from atom_kernels.triton.fp8_quant import fp8_quantize_rows, use_fp8_dot
 
 GEMV_MAX_M = 32  # M above: the tile GEMM (fp8_linear.py); 32 tokens fill the swapped MMA's N side
+# K tiles a program asks L2 for before its PDL wait (_utils.prefetch_l2): the 4 its pipeline loads first; 264
+# programs x 64 rows x 4 lines = 8.6 MB, what ~3 TB/s moves in the ~3 us of a norm or quantization kernel before it
+PREFETCH_TILES = tl.constexpr(4)
 MIN_BLOCKS_PER_SPLIT = 2  # K blocks per split at least: fewer makes the atomics' traffic comparable to the weight's
 
 
@@ -58,19 +61,23 @@ def _block_product(w, q, FP8_DOT: tl.constexpr):
 @triton.jit
 def _fp8_gemv_kernel(xq_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, K, KB, KT,
                      BLOCKS_PER_SPLIT, SPLITS, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     ONE_SCALE: tl.constexpr, FP8_DOT: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
+                     ONE_SCALE: tl.constexpr, FP8_DOT: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr,
+                     PREFETCH: tl.constexpr):
     # grid (cdiv(N, BLOCK_N), SPLITS): y[:M, n-tile] = xq[:M, :] @ w[n-tile, :]^T, split s summing K tiles
     # [s * BLOCKS_PER_SPLIT, +BLOCKS_PER_SPLIT) ∩ [0, KT). xq [M, K] e4m3 with xs [M, KB] fp32, w [N, K] e4m3,
     # ws [N, KB] fp32, y [M, N] model dtype; SPLITS > 1: part [SPLITS, M, N] fp32 workspace, count
     # [>= cdiv(N, BLOCK_N)] int32 zeroed. acc is y's tile transposed: [BLOCK_N, BLOCK_M]. K tile b has scale column
     # b (a scale block per tile), or 0 for every tile (ONE_SCALE: per channel / per token, KB = 1).
-    pdl_prologue(PDL)
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.minimum(rn, N - 1).to(tl.int64)  # the last tile re-reads row N - 1 instead of masking; stores masked
+    b0 = pid_k * BLOCKS_PER_SPLIT
+    if PREFETCH:  # the first PREFETCH_TILES K tiles of the split (one e4m3 line per row and tile at BLOCK_K 128)
+        first = tl.minimum(b0 + tl.arange(0, PREFETCH_TILES), KT - 1)
+        prefetch_l2(w_ptr + rows[:, None] * K + first[None, :] * BLOCK_K)
+    pdl_prologue(PDL)
     rm = tl.arange(0, BLOCK_M)
     rk = tl.arange(0, BLOCK_K)
-    b0 = pid_k * BLOCKS_PER_SPLIT
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for b in range(b0, tl.minimum(b0 + BLOCKS_PER_SPLIT, KT)):
         kk = b * BLOCK_K + rk
@@ -161,5 +168,5 @@ def gemv_quantized(xq: torch.Tensor, xs: torch.Tensor, weight: torch.Tensor, wei
     _fp8_gemv_kernel[grid](xq, xs, weight, weight_scale, weight if bias is None else bias, y, part, counters, m, n, k,
                            weight_scale.shape[1], tiles, per, splits, BLOCK_K=block, ONE_SCALE=one_scale,
                            FP8_DOT=block >= 32 and use_fp8_dot(xq.device, dtype), HAS_BIAS=bias is not None, **cfg,
-                           **pdl(xq.device))
+                           PREFETCH=prefetch(xq.device), **pdl(xq.device))
     return y

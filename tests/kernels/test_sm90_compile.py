@@ -4,8 +4,8 @@ call makes (alignment and divisibility read off the arguments), down to a cubin 
 triton wheel, and each fits an H100/H200 SM's shared memory. Nothing runs: a compile-only Triton driver answers the
 JIT's device questions and every launch is a warm-up (the outputs stay garbage), so this catches what the
 interpreter cannot (a construct the GPU backend refuses, a register or shared-memory budget blown by a config) and
-says nothing about values, which the interpreter checks and the GPU tests do. Host paths that depend on the device
-(PDL, the cuBLAS GEMMs) are the CPU's: PDL off, no cuBLAS."""
+says nothing about values, which the interpreter checks and the GPU tests do. Launch switches are an H100's: PDL on
+(every kernel's wait, and the decode GEMVs' L2 prefetch before it, found in their PTX); the cuBLAS GEMMs are off."""
 
 from __future__ import annotations
 
@@ -61,12 +61,29 @@ def compile_only_driver():
 
     def warm_up(self, *args, grid, warmup, **kwargs):
         kernel = run(self, *args, grid=grid, warmup=True, **kwargs)
-        compiled.append((self.fn.__name__, kernel.metadata.shared, len(kernel.asm["cubin"])))
+        compiled.append((self.fn.__name__, kernel.metadata.shared, len(kernel.asm["cubin"]),
+                         "prefetch.global.L2" in kernel.asm["ptx"]))
         return kernel
 
     JITFunction.run = warm_up
     driver.set_active(CompileOnly())
     return compiled
+
+
+def pdl_on() -> None:
+    """Every kernel module's pdl() answers as on an H100 (PDL on; so the GEMVs' prefetch too): the launch switches
+    the GPU compiles with. Call after the kernel modules are imported (they hold pdl by name)."""
+    import sys
+
+    from atom_kernels.triton import _utils
+
+    def on(device):
+        return {"PDL": True, "launch_pdl": True}
+
+    original = _utils.pdl
+    for module in list(sys.modules.values()):
+        if getattr(module, "__name__", "").startswith("atom_kernels") and getattr(module, "pdl", None) is original:
+            module.pdl = on
 
 
 def _calls():
@@ -182,16 +199,20 @@ def _mla_calls():
 
 def compile_all() -> None:
     compiled = compile_only_driver()
-    for what, call in _calls():
+    calls = _calls()
+    pdl_on()
+    for what, call in calls:
         before = len(compiled)
         try:
             call()
         except Exception as e:
             raise AssertionError(f"{what}: {type(e).__name__}: {e}") from e
         assert len(compiled) > before, f"{what}: no Triton kernel was compiled (a path off the kernels?)"
-    too_big = sorted({(name, shared) for name, shared, _ in compiled if shared > SM90_SHARED})
+    too_big = sorted({(name, shared) for name, shared, *_ in compiled if shared > SM90_SHARED})
     assert not too_big, f"kernels over sm_90's {SM90_SHARED} bytes of shared memory: {too_big}"
-    assert all(size > 0 for *_, size in compiled)
+    assert all(size > 0 for _, _, size, _ in compiled)
+    gemvs = [fetch for name, *_, fetch in compiled if name in ("_gemv_kernel", "_fp8_gemv_kernel")]
+    assert gemvs and all(gemvs), "a decode GEMV compiled without its L2 prefetch"
     names = sorted({name for name, *_ in compiled})
     from atom_kernels.triton.mla.decode import GLUON_HOPPER
 
