@@ -81,9 +81,10 @@ def prefetch_l2(ptrs):
                               is_pure=False, pack=1)
 
 
-def prefetch(device: torch.device) -> bool:
-    """Whether a GEMV launched with pdl(device) prefetches its first weight tiles (switch ATOM_PDL_PREFETCH)."""
-    return pdl(device)["PDL"] and envs.ATOM_PDL_PREFETCH
+def prefetch(launch: dict) -> bool:
+    """Whether a GEMV launched with `launch` (pdl()'s keywords) prefetches its first weight tiles (switch
+    ATOM_PDL_PREFETCH): only behind a PDL wait."""
+    return launch["PDL"] and envs.ATOM_PDL_PREFETCH
 
 
 @functools.cache

@@ -164,9 +164,9 @@ def gemv_quantized(xq: torch.Tensor, xs: torch.Tensor, weight: torch.Tensor, wei
     counters = _counters(xq.device) if splits > 1 else y
     if triton.cdiv(n, cfg["BLOCK_N"]) > COUNTERS:
         raise ValueError(f"fp8_gemv: {n} output columns are more than its {COUNTERS} split-K counters cover")
-    grid = (triton.cdiv(n, cfg["BLOCK_N"]), splits)
+    grid, launch = (triton.cdiv(n, cfg["BLOCK_N"]), splits), pdl(xq.device)
     _fp8_gemv_kernel[grid](xq, xs, weight, weight_scale, weight if bias is None else bias, y, part, counters, m, n, k,
                            weight_scale.shape[1], tiles, per, splits, BLOCK_K=block, ONE_SCALE=one_scale,
                            FP8_DOT=block >= 32 and use_fp8_dot(xq.device, dtype), HAS_BIAS=bias is not None, **cfg,
-                           PREFETCH=prefetch(xq.device), **pdl(xq.device))
+                           PREFETCH=prefetch(launch), **launch)
     return y

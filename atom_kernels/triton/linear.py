@@ -129,11 +129,12 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     n, k = weight.shape
     y = torch.empty(n, dtype=x.dtype, device=x.device)
     block_n, block_k, warps, stages = cfg or gemv_config(n, k)
+    launch = pdl(x.device)
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         x, weight, bias if bias is not None else weight, y, x if residual is None else residual,
         x if norm_weight is None else norm_weight, x if residual_out is None else residual_out, float(eps), n, k,
         weight.stride(0), HAS_BIAS=bias is not None, PROLOGUE=prologue, HAS_RES=residual is not None,
         BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=k % block_k == 0, num_warps=warps, num_stages=stages,
-        PREFETCH_LINES=pow2(block_k * weight.element_size() // 128) if prefetch(x.device) else 0,
-        LINE=128 // weight.element_size(), **pdl(x.device))
+        PREFETCH_LINES=pow2(block_k * weight.element_size() // 128) if prefetch(launch) else 0,
+        LINE=128 // weight.element_size(), **launch)
     return y
