@@ -162,7 +162,10 @@ def store_part(o, buf, out_row, head0, c0, num_heads):
         ld: gl.constexpr = o.type.layout
         x = o
     else:
-        stage = buf._reinterpret(dt, [BLOCK_H, W], staging_layout([BLOCK_H, W], dt))
+        # buf whole as [ROWS, W] of dt, then its first BLOCK_H rows: a reinterpretation keeps the bytes (triton 3.8
+        # refuses a smaller one), and any BLOCK_H rows of buf serve, as store and load use the same view
+        ROWS: gl.constexpr = buf.shape[0] * buf.shape[1] * buf.dtype.primitive_bitwidth // (W * dt.primitive_bitwidth)
+        stage = buf._reinterpret(dt, [ROWS, W], staging_layout([ROWS, W], dt)).slice(0, BLOCK_H, dim=0)
         stage.store(o.to(dt))
         thread_barrier()
         ld: gl.constexpr = row_layout(8)
