@@ -9,9 +9,14 @@ tests/frontends/native/test_fp8_parity.py). Decode tokens/s at batch 1 and 32 (p
 EOS ignored) as native_gpu.py times it, the decode graph's GPU time a step, and the roofline of each: the weight
 bytes one decode step reads over the device copy bandwidth. The FP8 / bf16 decode ratio is printed last (issue 37's
 goal at batch 1: >= 1.5).
+
+--prefetch-ab: each checkpoint also with the decode GEMVs' L2 prefetch off (ATOM_PDL_PREFETCH=0, read at every launch,
+so at each engine's graph capture; docs/gpu.md), in the same run; the prefetch on / off ratios are printed last.
 """
 
 from __future__ import annotations
+
+import os
 
 from common import QUANT_CONFIGS, SHAPES, copy_bandwidth, random_prompts, shaped_checkpoint
 from native_gpu import PROMPT, free_gpu, native_decode, native_engine, profile
@@ -51,10 +56,22 @@ def profiles(shape: str) -> None:
         profile(path, f"{shape} {name}: ", load_format="dummy")
 
 
-def fp8_vs_bf16(shape: str) -> None:
+def prefetch_off(path: str, vocab: int) -> tuple[dict[int, tuple[float, float]], int]:
+    """decode_rows with the GEMVs' L2 prefetch off."""
+    os.environ["ATOM_PDL_PREFETCH"] = "0"
+    try:
+        return decode_rows(path, vocab)
+    finally:
+        del os.environ["ATOM_PDL_PREFETCH"]
+
+
+def fp8_vs_bf16(shape: str, prefetch_ab: bool = False) -> None:
     paths = checkpoints(shape)
     bw = copy_bandwidth()
-    runs = {name: decode_rows(path, SHAPES[shape][1]["vocab_size"]) for name, path in paths.items()}
+    vocab = SHAPES[shape][1]["vocab_size"]
+    runs = {name: decode_rows(path, vocab) for name, path in paths.items()}
+    if prefetch_ab:
+        runs |= {f"{name} no prefetch": prefetch_off(path, vocab) for name, path in paths.items()}
     print(f"\n{shape}, random weights drawn at load; copy bandwidth {bw / 1e12:.2f} TB/s; weights "
           + ", ".join(f"{n} {nbytes / 1e9:.3f} GB" for n, (_, nbytes) in runs.items()))
     print(f"{'batch':>5} " + " ".join(f"{n + ' tok/s':>17} {'graph ms':>8} {'roof ms':>7}" for n in runs))
@@ -65,6 +82,10 @@ def fp8_vs_bf16(shape: str) -> None:
     for n in ("fp8 channel", "fp8"):
         print(f"{n} / bf16 decode tok/s: " + ", ".join(
             f"batch {b} {runs[n][0][b][0] / runs['bf16'][0][b][0]:.2f}" for b in BATCHES) + " (goal at batch 1 >= 1.5)")
+    if prefetch_ab:
+        for n in paths:
+            print(f"ratio {n} prefetch on / off, decode tok/s: " + ", ".join(
+                f"batch {b} {runs[n][0][b][0] / runs[n + ' no prefetch'][0][b][0]:.3f}" for b in BATCHES))
 
 
 if __name__ == "__main__":

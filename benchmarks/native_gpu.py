@@ -421,13 +421,17 @@ def main() -> None:
     ap.add_argument("--kv-cache-dtype", choices=["auto", "fp8"], default="auto", help="--throughput's KV cache")
     ap.add_argument("--quant", choices=["fp8"], help="decode of an FP8 block-quantized checkpoint vs bf16 (alone; "
                     "with --profile: the profile of each)")
+    ap.add_argument("--prefetch-ab", action="store_true", help="--quant fp8: each checkpoint also with the GEMVs' "
+                    "L2 prefetch off (ATOM_PDL_PREFETCH=0), on / off ratios last")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     if args.quant:
         import native_fp8
 
         print(f"{datetime.date.today()} {torch.cuda.get_device_name()} torch {torch.__version__}")
-        return (native_fp8.profiles if args.profile else native_fp8.fp8_vs_bf16)(args.shape)
+        if args.profile:
+            return native_fp8.profiles(args.shape)
+        return native_fp8.fp8_vs_bf16(args.shape, args.prefetch_ab)
     path = shaped_checkpoint(args.checkpoint, args.shape)
     print(f"{datetime.date.today()} {torch.cuda.get_device_name()} torch {torch.__version__}; "
           f"{args.shape}-shaped random checkpoint, bf16")

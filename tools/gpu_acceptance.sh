@@ -15,8 +15,8 @@
 #   vllm-bench the carried vLLM: benchmarks/vllm_plugin_gpu.py bf16, --quant fp8 and fp8-channel (vs vLLM's own)
 #   serve      the carried vLLM: the 256-client load/fault test of `atom-core serve`, then benchmarks/serve.py
 #              (--shape qwen3-0.6b, then SmolLM2; ~17 min)
-#   prefetch-ab  the machine's torch: native_gpu.py --quant fp8 (bf16, fp8 block, fp8 channel decode) on Qwen3-8B and
-#              0.6B shapes, with the decode GEMVs' L2 prefetch on and off (ATOM_PDL_PREFETCH; docs/gpu.md); alone
+#   prefetch-ab  the machine's torch: native_gpu.py --quant fp8 --prefetch-ab (bf16, fp8 block, fp8 channel decode,
+#              each with the decode GEMVs' L2 prefetch on and off; docs/gpu.md) on Qwen3-8B and 0.6B shapes; alone
 #   bench      benchmarks/sglang_plugin_gpu.py (carried SGLang), fp8_gemm.py, moe.py --check --fp8, native_gpu.py --quant fp8
 #              (dense and MoE), mla_decode.py
 # STEP may be several, comma-separated: run one after the other. Multi-GPU machines: NVLink multicast stays off.
@@ -65,12 +65,10 @@ for step in ${steps//,/ }; do
   prefetch-ab)
     python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
     for shape in qwen3-8b qwen3-0.6b; do
-      for on in 1 0; do
-        (cd benchmarks && ATOM_PDL_PREFETCH=$on timeout 900 python3 native_gpu.py --quant fp8 --shape $shape) \
-          > "$logdir/prefetch-$shape-$on.log" 2>&1
-      done
+      (cd benchmarks && timeout 900 python3 native_gpu.py --quant fp8 --prefetch-ab --shape $shape) \
+        > "$logdir/prefetch-$shape.log" 2>&1
     done
-    tail -n 9 "$logdir"/prefetch-*.log
+    tail -n 5 "$logdir"/prefetch-*.log
     ;;
   sglang-tp) sglang_env && tests "$logdir/sglang_tp" "tp=$S/test_tp_engine.py -m gpu" ;;
   vllm)
