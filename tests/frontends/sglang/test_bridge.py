@@ -2,7 +2,8 @@
 (as a draft model's step could), each on its own real SGLang pools and atom backend. Each model
 sees only its own batch and metadata, the outer one gets its state back, nothing outlives the
 forwards, and both models' logits equal transformers' (prefill, then a decode step over each
-model's own KV cache)."""
+model's own KV cache). On helpers.DEVICE, transformers too (on a GPU machine: CUDA pools, our Triton kernels; CPU
+pools there would take SGLang's CUDA KV-write path)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,15 @@ import pytest
 import torch
 
 from tests.frontends.sglang.batches import Requests, load_sglang_model, make_runner, sglang_runtime
+from tests.frontends.sglang.helpers import DEVICE
 
 
 def _hf_last_logits(path, tokens: list[int]) -> torch.Tensor:
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, local_files_only=True).eval()
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, local_files_only=True)
     with torch.inference_mode():
-        return model(torch.tensor([tokens])).logits[0, -1]
+        return model.to(DEVICE).eval()(torch.tensor([tokens], device=DEVICE)).logits[0, -1]
 
 
 class Served:
@@ -27,10 +29,10 @@ class Served:
         from atom_frontends.sglang.backend import create_backend
 
         self.path, self.tokens = path, tokens
-        self.model = load_sglang_model(path)
+        self.model = load_sglang_model(path).to(DEVICE)
         cfg = self.model.config
         self.runner = make_runner(cfg.num_hidden_layers, cfg.num_key_value_heads,
-                                  cfg.hidden_size // cfg.num_attention_heads)
+                                  cfg.hidden_size // cfg.num_attention_heads, device=DEVICE)
         self.backend = create_backend(self.runner)
         self.requests = Requests(self.runner)
         self.rid = self.requests.add(tokens)
