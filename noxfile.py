@@ -133,5 +133,7 @@ def sglang(session: nox.Session) -> None:
     session.install("--no-deps", "-e", ".")
     session.install(*SMOLLM2)
     session.run("python", "-c", "import torch, sglang; print('torch', torch.__version__, 'sglang', sglang.__version__)")
-    pytest(session, "tests/frontends/sglang")
+    # and the Gluon MLA kernels compiled for sm_90 under SGLang's triton (3.8), gated off there until they run on a GPU
+    pytest(session, "tests/frontends/sglang", "tests/kernels/test_sm90_compile.py::"
+           "test_gluon_mla_kernels_compile_for_sm90_gate_or_not")
     discard_venv_in_ci(session)
