@@ -73,7 +73,7 @@ def _fp8_gemv_kernel(xq_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, part_ptr, coun
     rows = tl.minimum(rn, N - 1).to(tl.int64)  # the last tile re-reads row N - 1 instead of masking; stores masked
     b0 = pid_k * BLOCKS_PER_SPLIT
     if PREFETCH:  # the first PREFETCH_TILES K tiles of the split (one e4m3 line per row and tile at BLOCK_K 128)
-        first = tl.minimum(b0 + tl.arange(0, PREFETCH_TILES), KT - 1)
+        first = tl.minimum(b0 + tl.arange(0, PREFETCH_TILES), tl.minimum(b0 + BLOCKS_PER_SPLIT, KT) - 1)
         prefetch_l2(w_ptr + rows[:, None] * K + first[None, :] * BLOCK_K)
     pdl_prologue(PDL)
     rm = tl.arange(0, BLOCK_M)
