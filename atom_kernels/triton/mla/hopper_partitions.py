@@ -26,6 +26,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 # The CTA-wide barrier: gl.thread_barrier up to triton 3.6, gl.barrier from 3.7 (vLLM 0.32's GPU build).
 thread_barrier = getattr(gl, "thread_barrier", None) or getattr(gl, "barrier", None)
+# cp.async of a pointer tile into shared memory: async_copy_global_to_shared up to 3.7, async_load from 3.8 (3.9 removed
+# the old name)
+async_load = getattr(cp, "async_load", None) or cp.async_copy_global_to_shared
 LOAD_THREADS = gl.constexpr(4 * 32)  # the load warpgroup's threads: one cp.async arrival each on ready
 
 
@@ -65,8 +68,8 @@ def issue_tile(cache_ptr, ring, ring_pe, slot, blk, t, start, end, s_b, s_t, rea
     valid = (n < end)[:, None]
     c = gl.arange(0, R, gl.SliceLayout(0, ld))
     e = gl.arange(0, ROPE, gl.SliceLayout(0, ld))
-    cp.async_copy_global_to_shared(ring.index(slot), row[:, None] + c[None, :], mask=valid)
-    cp.async_copy_global_to_shared(ring_pe.index(slot), row[:, None] + (R + e)[None, :], mask=valid)
+    async_load(ring.index(slot), row[:, None] + c[None, :], mask=valid)
+    async_load(ring_pe.index(slot), row[:, None] + (R + e)[None, :], mask=valid)
     if ASYNC_ARRIVE:
         cp.mbarrier_arrive(ready.index(slot), increment_count=False)
     cp.commit_group()
@@ -147,6 +150,17 @@ def staging_layout(shape, dtype):
     return gl.NVMMASharedLayout.get_default_for(shape, dtype)
 
 
+# A shared buffer viewed as another dtype / shape / layout: _reinterpret up to 3.8, reinterpret from 3.9
+if hasattr(gl.shared_memory_descriptor, "reinterpret"):
+    @gluon.jit
+    def view_as(buf, dt: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
+        return buf.reinterpret(dt, shape, layout)
+else:
+    @gluon.jit
+    def view_as(buf, dt: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
+        return buf._reinterpret(dt, shape, layout)
+
+
 @gluon.jit
 def store_part(o, buf, out_row, head0, c0, num_heads):
     """o [BLOCK_H, W] (fp32: a wgmma accumulator, or one transposed in registers) to out_row[0] + head * out_row[1]
@@ -165,7 +179,7 @@ def store_part(o, buf, out_row, head0, c0, num_heads):
         # buf whole as [ROWS, W] of dt, then its first BLOCK_H rows: a reinterpretation keeps the bytes (triton 3.8
         # refuses a smaller one), and any BLOCK_H rows of buf serve, as store and load use the same view
         ROWS: gl.constexpr = buf.shape[0] * buf.shape[1] * buf.dtype.primitive_bitwidth // (W * dt.primitive_bitwidth)
-        stage = buf._reinterpret(dt, [ROWS, W], staging_layout([ROWS, W], dt)).slice(0, BLOCK_H, dim=0)
+        stage = view_as(buf, dt, [ROWS, W], staging_layout([ROWS, W], dt)).slice(0, BLOCK_H, dim=0)
         stage.store(o.to(dt))
         thread_barrier()
         ld: gl.constexpr = row_layout(8)
