@@ -72,14 +72,15 @@ def _fp8_gemv_kernel(xq_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, part_ptr, coun
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.minimum(rn, N - 1).to(tl.int64)  # the last tile re-reads row N - 1 instead of masking; stores masked
     b0 = pid_k * BLOCKS_PER_SPLIT
+    b1 = tl.minimum(b0 + BLOCKS_PER_SPLIT, KT)  # the split's K tiles: [b0, b1)
     if PREFETCH:  # the first PREFETCH_TILES K tiles of the split (one e4m3 line per row and tile at BLOCK_K 128)
-        first = tl.minimum(b0 + tl.arange(0, PREFETCH_TILES), tl.minimum(b0 + BLOCKS_PER_SPLIT, KT) - 1)
+        first = tl.minimum(b0 + tl.arange(0, PREFETCH_TILES), b1 - 1)
         prefetch_l2(w_ptr + rows[:, None] * K + first[None, :] * BLOCK_K)
     pdl_prologue(PDL)
     rm = tl.arange(0, BLOCK_M)
     rk = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for b in range(b0, tl.minimum(b0 + BLOCKS_PER_SPLIT, KT)):
+    for b in range(b0, b1):
         kk = b * BLOCK_K + rk
         # no eviction hint: it may keep Triton from pipelining the dot's operand loads (cp.async)
         w = tl.load(w_ptr + rows[:, None] * K + kk[None, :], mask=kk[None, :] < K, other=0.0)

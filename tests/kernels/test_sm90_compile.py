@@ -197,9 +197,8 @@ def _mla_calls(force_gluon: bool = False):
     return calls
 
 
-def compile_all() -> None:
-    compiled = compile_only_driver()
-    calls = _calls()
+def _compile_each(calls, compiled: list) -> None:
+    """Make each (what, thunk) call with PDL on (pdl_on), naming the call that fails or compiles no Triton kernel."""
     pdl_on()
     for what, call in calls:
         before = len(compiled)
@@ -208,6 +207,11 @@ def compile_all() -> None:
         except Exception as e:
             raise AssertionError(f"{what}: {type(e).__name__}: {e}") from e
         assert len(compiled) > before, f"{what}: no Triton kernel was compiled (a path off the kernels?)"
+
+
+def compile_all() -> None:
+    compiled = compile_only_driver()
+    _compile_each(_calls(), compiled)
     too_big = sorted({(name, shared) for name, shared, *_ in compiled if shared > SM90_SHARED})
     assert not too_big, f"kernels over sm_90's {SM90_SHARED} bytes of shared memory: {too_big}"
     assert all(size > 0 for _, _, size, _ in compiled)
@@ -225,13 +229,7 @@ def compile_gluon_mla() -> None:
     """The Gluon MLA decode kernels alone, their gate forced open: they compile under this triton (CI's sglang
     session runs it under SGLang's 3.8, where the gate stays closed until the Hopper GPU tests pass there)."""
     compiled = compile_only_driver()
-    calls = [(what, call) for what, call in _mla_calls(force_gluon=True) if "decode" in what]
-    pdl_on()
-    for what, call in calls:
-        try:
-            call()
-        except Exception as e:
-            raise AssertionError(f"{what}: {type(e).__name__}: {e}") from e
+    _compile_each([(what, call) for what, call in _mla_calls(force_gluon=True) if "decode" in what], compiled)
     names = {name for name, *_ in compiled}
     assert {"_mla_decode_wgmma_kernel", "_mla_decode_few_heads_kernel"} <= names, names
     print("gluon mla compiles for sm90")
