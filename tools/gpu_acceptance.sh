@@ -9,7 +9,7 @@
 #              H200 2026-11-29 with seven groups: 10 min, the longest the MLA group)
 #   native     the native engine's GPU tests (each engine sizes its KV cache from the free GPU memory: run it alone)
 #   sglang     the carried SGLang (after tools/gpu_sglang/assemble.sh): decode graphs; engines with graphs and SGLang's
-#              own models (two groups, ~20 min); the whole SGLang folder on the GPU (eager engines, mem fraction 0.25)
+#              own models (two groups, ~20 min); real SmolLM2 weights with graphs; the whole SGLang folder on the GPU (eager engines, mem fraction 0.25)
 #   sglang-tp  SGLang TP 2 / TP 2 + EP 2 engines (2 GPUs)
 #   vllm       the carried vLLM (../shared/gpu_vllm): its GPU tests (gpu_memory_utilization 0.9: alone)
 #   vllm-bench the carried vLLM: benchmarks/vllm_plugin_gpu.py bf16, --quant fp8 and fp8-channel (vs vLLM's own)
@@ -60,7 +60,8 @@ for step in ${steps//,/ }; do
     SGLANG_LOG_DECODE_GRAPH_KEY=1 GPU_TESTS_TIMEOUT=${GPU_TESTS_TIMEOUT:-1500} tests "$logdir/sglang" \
       "graphs=$S/test_graphs.py $S/test_graph_model.py -m gpu" \
       "engines_mla=$S/test_graph_engine.py $S/test_own_model_gpu.py -m gpu -k deepseek" \
-      "engines=$S/test_graph_engine.py $S/test_own_model_gpu.py -m gpu -k 'not deepseek'" "suite=$S -m 'not gpu'"
+      "engines=$S/test_graph_engine.py $S/test_own_model_gpu.py -m gpu -k 'not deepseek'" \
+      "smollm2=$S/test_gpu_smollm2.py -m gpu" "suite=$S -m 'not gpu'"
     ;;
   prefetch-ab)
     python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2

@@ -63,9 +63,9 @@ def cpu_ranks_env(monkeypatch, tmp_path: Path, ranks: int) -> None:
     monkeypatch.setenv("SGLANG_CPU_OMP_THREADS_BIND", "|".join(str(cpus[r % len(cpus)]) for r in range(ranks)))
 
 
-def generate(engine, prompts: list[list[int]], max_tokens: int = NEW_TOKENS) -> list[dict]:
+def generate(engine, prompts: list[list[int]], max_tokens: int = NEW_TOKENS, ignore_eos: bool = False) -> list[dict]:
     """Greedy generation; each result has output_ids and meta_info (cached_tokens, ...)."""
-    params = {"temperature": 0.0, "max_new_tokens": max_tokens}
+    params = {"temperature": 0.0, "max_new_tokens": max_tokens, "ignore_eos": ignore_eos}
     return engine.generate(input_ids=prompts, sampling_params=params)
 
 

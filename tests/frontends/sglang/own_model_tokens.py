@@ -6,9 +6,9 @@ model only runs in a process started without it: `own_model_tokens()` starts thi
 (`python -m tests.frontends.sglang.own_model_tokens SPEC`) with that variable removed from the environment.
 
 SPEC (JSON): model_path; rounds, lists of prompts (token ids) generated one round after the other on one engine (a
-later round can hit the radix cache); engine_args, overrides of helpers.ENGINE_ARGS; max_tokens. The last stdout line
-that starts with MARKER carries the result: model_class, the class SGLang's registry resolves the checkpoint's
-architecture to in this process (the engine's processes inherit its environment, so they resolve the same);
+later round can hit the radix cache); engine_args, overrides of helpers.ENGINE_ARGS; max_tokens; ignore_eos. The last
+stdout line that starts with MARKER carries the result: model_class, the class SGLang's registry resolves the
+checkpoint's architecture to in this process (the engine's processes inherit its environment, so they resolve the same);
 attention_backend and decode_graph (the decode phase's CUDA graph backend, "disabled" when off) as the engine
 resolved them; rounds: per round, per prompt, output_ids and cached_tokens.
 """
@@ -28,9 +28,10 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 def own_model_tokens(path, rounds: list[list[list[int]]], engine_args: dict, max_tokens: int,
-                     env: dict[str, str] | None = None, timeout: float = 1800) -> dict:
+                     env: dict[str, str] | None = None, timeout: float = 1800, ignore_eos: bool = False) -> dict:
     """This module's result for `path`, run in a fresh process: this environment without EXTERNAL, plus `env`."""
-    spec = dict(model_path=str(path), rounds=rounds, engine_args=engine_args, max_tokens=max_tokens)
+    spec = dict(model_path=str(path), rounds=rounds, engine_args=engine_args, max_tokens=max_tokens,
+                ignore_eos=ignore_eos)
     child_env = {k: v for k, v in os.environ.items() if k != EXTERNAL} | (env or {})
     proc = subprocess.run([sys.executable, "-m", MODULE, json.dumps(spec)], cwd=REPO, env=child_env,
                           capture_output=True, text=True, timeout=timeout)
@@ -53,7 +54,8 @@ def main(spec: dict) -> dict:
     with sglang_engine(path, **spec["engine_args"]) as engine:
         info = engine.get_server_info()
         rounds = [[dict(output_ids=o["output_ids"], cached_tokens=o["meta_info"]["cached_tokens"])
-                   for o in generate(engine, prompts, spec["max_tokens"])] for prompts in spec["rounds"]]
+                   for o in generate(engine, prompts, spec["max_tokens"], spec["ignore_eos"])]
+                  for prompts in spec["rounds"]]
     return dict(model_class=f"{model_cls.__module__}.{model_cls.__qualname__}",
                 attention_backend=info["attention_backend"],
                 decode_graph=info["cuda_graph_config"]["decode"]["backend"], rounds=rounds)
