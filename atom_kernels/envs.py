@@ -64,8 +64,8 @@ VARIABLES: dict[str, Variable] = {
                                                      "that has it on its device; unset: the best available"),
     "ATOM_PDL": Variable(True, parse_bool, "programmatic dependent launch of the Triton kernels on NVIDIA GPUs of "
                                            "compute capability >= 9; debug: 0 turns it off"),
-    "ATOM_PDL_PREFETCH": Variable(True, parse_bool, "the decode GEMVs ask L2 for their first weight tiles while "
-                                                    "they wait on the kernel before them (with ATOM_PDL); 0 turns it "
+    "ATOM_PDL_PREFETCH": Variable(True, parse_bool, "the FP8 decode GEMV asks L2 for its first weight tiles while "
+                                                    "it waits on the kernel before it (with ATOM_PDL); 0 turns it "
                                                     "off (A/B)"),
     # Defaults of config fields
     "ATOM_FUSED_QK_NORM_ROPE": Variable(None, parse_bool, "default of AtomConfig.fused_qk_norm_rope (Qwen3's q/k "

@@ -421,7 +421,7 @@ def main() -> None:
     ap.add_argument("--kv-cache-dtype", choices=["auto", "fp8"], default="auto", help="--throughput's KV cache")
     ap.add_argument("--quant", choices=["fp8"], help="decode of an FP8 block-quantized checkpoint vs bf16 (alone; "
                     "with --profile: the profile of each)")
-    ap.add_argument("--prefetch-ab", action="store_true", help="--quant fp8: each checkpoint also with the GEMVs' "
+    ap.add_argument("--prefetch-ab", action="store_true", help="--quant fp8: each FP8 checkpoint also with the GEMV's "
                     "L2 prefetch off (ATOM_PDL_PREFETCH=0), on / off ratios last")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False

@@ -16,7 +16,7 @@
 #   serve      the carried vLLM: the 256-client load/fault test of `atom-core serve`, then benchmarks/serve.py
 #              (--shape qwen3-0.6b, then SmolLM2; ~17 min)
 #   prefetch-ab  the machine's torch: native_gpu.py --quant fp8 --prefetch-ab (bf16, fp8 block, fp8 channel decode,
-#              each with the decode GEMVs' L2 prefetch on and off; docs/gpu.md) on Qwen3-8B and 0.6B shapes; alone
+#              the FP8 ones with the FP8 GEMV's L2 prefetch on and off; docs/gpu.md) on Qwen3-8B and 0.6B shapes; alone
 #   bench      benchmarks/sglang_plugin_gpu.py (carried SGLang), fp8_gemm.py, moe.py --check --fp8, native_gpu.py --quant fp8
 #              (dense and MoE), mla_decode.py
 # STEP may be several, comma-separated: run one after the other. Multi-GPU machines: NVLink multicast stays off.

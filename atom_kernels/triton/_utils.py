@@ -82,7 +82,7 @@ def prefetch_l2(ptrs):
 
 
 def prefetch(launch: dict) -> bool:
-    """Whether a GEMV launched with `launch` (pdl()'s keywords) prefetches its first weight tiles (switch
+    """Whether the FP8 GEMV launched with `launch` (pdl()'s keywords) prefetches its first weight tiles (switch
     ATOM_PDL_PREFETCH): only behind a PDL wait."""
     return launch["PDL"] and envs.ATOM_PDL_PREFETCH
 

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from atom_kernels.triton._utils import FLOAT_DTYPES, pdl, pdl_prologue, pow2, prefetch, prefetch_l2
+from atom_kernels.triton._utils import FLOAT_DTYPES, pdl, pdl_prologue, pow2
 from atom_kernels.triton.activation import silu_mul
 from atom_kernels.triton.norm import add_residual, rms_scale
 
@@ -56,14 +56,10 @@ def _input_tile(x_ptr, r_ptr, nw_ptr, r_out_ptr, kk, mask, K, rstd, WRITE_RES,
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, r_out_ptr, eps, N, K, sw, HAS_BIAS: tl.constexpr,
                  PROLOGUE: tl.constexpr, HAS_RES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 EVEN_K: tl.constexpr, PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr, LINE: tl.constexpr):
+                 EVEN_K: tl.constexpr, PDL: tl.constexpr):
     # grid (cdiv(N, BLOCK_N),): y[n0:n0+BLOCK_N] = w[n0:n0+BLOCK_N] @ prologue(x) (+ b), x one row of K.
-    # PREFETCH_LINES > 0: the first weight tile's lines (LINE elements each) asked of L2 before the PDL wait
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.minimum(n, N - 1).to(tl.int64)  # the last block re-reads row N-1 instead of masking every load
-    if PREFETCH_LINES > 0:
-        cols = tl.minimum(tl.arange(0, PREFETCH_LINES) * LINE, K - 1)
-        prefetch_l2(w_ptr + rows[:, None] * sw + cols[None, :])
     pdl_prologue(PDL)
     k = tl.arange(0, BLOCK_K)
     rstd = 1.0
@@ -134,7 +130,5 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
         x, weight, bias if bias is not None else weight, y, x if residual is None else residual,
         x if norm_weight is None else norm_weight, x if residual_out is None else residual_out, float(eps), n, k,
         weight.stride(0), HAS_BIAS=bias is not None, PROLOGUE=prologue, HAS_RES=residual is not None,
-        BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=k % block_k == 0, num_warps=warps, num_stages=stages,
-        PREFETCH_LINES=pow2(block_k * weight.element_size() // 128) if prefetch(launch) else 0,
-        LINE=128 // weight.element_size(), **launch)
+        BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=k % block_k == 0, num_warps=warps, num_stages=stages, **launch)
     return y

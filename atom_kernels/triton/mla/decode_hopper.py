@@ -55,9 +55,9 @@ BLOCK_H, BLOCK_N, WARPS = 64, 64, 4  # WARPS: one warpgroup a partition (8 warps
 RING = 2  # latent tiles the cp.async ring holds
 SOFTMAX_REGS = 232  # the softmax warpgroup's registers a thread (left-half accumulator 128, logits 32, P)
 # Gluon changes between triton releases: the kernels run on the versions they were tested with on a GPU, 3.6 (the GPU
-# machine's own) and 3.7 (vLLM 0.32's GPU build; it renamed thread_barrier barrier). 3.8 (SGLang 0.5.23) has the
-# same names but has not run them yet: it takes the Triton kernel, as any other version does.
-GLUON_TESTED = ("3.6.", "3.7.")
+# machine's own), 3.7 (vLLM 0.32's GPU build; it renamed thread_barrier barrier) and 3.8 (SGLang 0.5.23's: its Hopper
+# decode tests passed on an H100, 2026-12-07); any other version takes the Triton kernel.
+GLUON_TESTED = ("3.6.", "3.7.", "3.8.")
 SUPPORTED = (triton.__version__.startswith(GLUON_TESTED) and thread_barrier is not None
              and hasattr(gl.NVMMASharedLayout, "get_default_for") and hasattr(gl, "warp_specialize")
              and hasattr(cp, "mbarrier_arrive"))

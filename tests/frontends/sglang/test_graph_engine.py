@@ -27,7 +27,10 @@ CHUNKED = dict(chunked_prefill_size=16, enable_mixed_chunk=True, cuda_graph_back
 COMPILED = dict(enable_torch_compile=True, torch_compile_max_bs=8)
 # Real DeepSeek configs carry moe_layer_freq and the router's scoring_func / groups, transformers 5's do not; SGLang's
 # own DeepSeek (test_own_model_gpu.py, which reuses these engines) reads them. V2-Lite's router: softmax, one group.
-DEEPSEEK_V2 = dict(moe_layer_freq=1, scoring_func="softmax", n_group=1, topk_group=1)
+# V2's latent 24 wide, not the tiny config's 16: SGLang's Triton MLA decode (its own model's backend there) pads the
+# key (latent + rope) and the value (latent) to powers of two and needs both the same (16 + 8 → 32 against 16 did
+# not compile, H100 2026-12-07; V3's 24 + 8 → 32 against 24 → 32 ran).
+DEEPSEEK_V2 = dict(moe_layer_freq=1, scoring_func="softmax", n_group=1, topk_group=1, kv_lora_rank=24)
 DEEPSEEK_V3 = dict(moe_layer_freq=1, scoring_func="sigmoid")
 # name: (architecture, checkpoint overrides, engine args)
 CASES = {
