@@ -28,7 +28,12 @@ carry them (test_graph_engine.py's DEEPSEEK_V2 / DEEPSEEK_V3). SGLang's own Qwen
 (it ignores mlp_only_layers: on test_graph_engine.py's checkpoint, with one dense layer, its tokens leave
 transformers'), so its checkpoint here has no dense layer. Checked on CPU with these settings (torch_native
 attention, a stub for the vLLM op SGLang's rope imports there): SGLang's own Qwen3, Llama (chunked) and all-sparse
-Qwen3-MoE == transformers through this file's subprocess; its own DeepSeek does not run on CPU.
+Qwen3-MoE == transformers through this file's subprocess. Its own DeepSeek-V3 runs there only with every attention
+call on the absorbed MLA path (torch_native cannot take the MHA prefill it picks for fresh prompts: the MLA pool's
+keys are latents), forced for the diagnosis with an import hook on its attention_backend_handler; so run, its tokens
+== transformers (2026-12-07). On the H100 the same checkpoint leaves transformers' tokens (docs/sglang.md): what
+differs there is its MHA prefill on the Triton backend, its CUDA router (FlashInfer's fused DeepSeek top-k) and its
+shared-expert fusion.
 """
 
 from __future__ import annotations
