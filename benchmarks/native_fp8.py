@@ -70,8 +70,9 @@ def fp8_vs_bf16(shape: str, prefetch_ab: bool = False) -> None:
     bw = copy_bandwidth()
     vocab = SHAPES[shape][1]["vocab_size"]
     runs = {name: decode_rows(path, vocab) for name, path in paths.items()}
+    fp8 = [name for name in paths if name != "bf16"]  # the checkpoints whose GEMV prefetches
     if prefetch_ab:
-        runs |= {f"{name} no prefetch": prefetch_off(path, vocab) for name, path in paths.items() if name != "bf16"}
+        runs |= {f"{name} no prefetch": prefetch_off(paths[name], vocab) for name in fp8}
     print(f"\n{shape}, random weights drawn at load; copy bandwidth {bw / 1e12:.2f} TB/s; weights "
           + ", ".join(f"{n} {nbytes / 1e9:.3f} GB" for n, (_, nbytes) in runs.items()))
     print(f"{'batch':>5} " + " ".join(f"{n + ' tok/s':>17} {'graph ms':>8} {'roof ms':>7}" for n in runs))
@@ -83,7 +84,7 @@ def fp8_vs_bf16(shape: str, prefetch_ab: bool = False) -> None:
         print(f"{n} / bf16 decode tok/s: " + ", ".join(
             f"batch {b} {runs[n][0][b][0] / runs['bf16'][0][b][0]:.2f}" for b in BATCHES) + " (goal at batch 1 >= 1.5)")
     if prefetch_ab:
-        for n in (n for n in paths if n != "bf16"):
+        for n in fp8:
             print(f"ratio {n} prefetch on / off, decode tok/s: " + ", ".join(
                 f"batch {b} {runs[n][0][b][0] / runs[n + ' no prefetch'][0][b][0]:.3f}" for b in BATCHES))
 

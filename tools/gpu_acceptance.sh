@@ -9,7 +9,8 @@
 #              H200 2026-11-29 with seven groups: 10 min, the longest the MLA group)
 #   native     the native engine's GPU tests (each engine sizes its KV cache from the free GPU memory: run it alone)
 #   sglang     the carried SGLang (after tools/gpu_sglang/assemble.sh): decode graphs; engines with graphs and SGLang's
-#              own models (two groups, ~20 min); real SmolLM2 weights with graphs; the whole SGLang folder on the GPU (eager engines, mem fraction 0.25)
+#              own models (two groups, ~20 min); real SmolLM2 weights with graphs; the whole SGLang folder on the GPU
+#              (eager engines, mem fraction 0.25)
 #   sglang-tp  SGLang TP 2 / TP 2 + EP 2 engines (2 GPUs)
 #   vllm       the carried vLLM (../shared/gpu_vllm): its GPU tests (gpu_memory_utilization 0.9: alone)
 #   vllm-bench the carried vLLM: benchmarks/vllm_plugin_gpu.py bf16, --quant fp8 and fp8-channel (vs vLLM's own)

@@ -13,7 +13,7 @@ for first in *.part00; do
   w=${first%.part00}
   cat $(ls "$w".part* | sort) > "$w" && rm -f "$w".part*
 done
-echo "assemble: $(ls *.whl | wc -l) wheels (129 expected), $(du -sh --apparent-size . | cut -f1)"
+echo "assemble: $(ls *.whl | wc -l) wheels ($(grep -c '^[^#]*==' deps.txt) pinned in deps.txt), $(du -sh --apparent-size . | cut -f1)"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/sglsite /tmp/sgl/*.whl
 # PYTHONPATH entries get no .pth processing, and nvidia-cutlass-dsl puts its `cutlass` package (CuTe DSL, used by
 # FlashInfer, quack and flash-attn-4) on sys.path through a .pth file: this sitecustomize.py processes

@@ -39,7 +39,7 @@ if [ -n "$missing" ]; then
   python3 -m pip download -q --no-deps "${plat[@]}" -d "$cache/whl" $missing
 fi
 rm -rf "$out"; mkdir -p "$out/p00"
-cp "$here/assemble.sh" "$out/p00/"
+cp "$here/assemble.sh" "$here/deps.txt" "$out/p00/"
 n=0; size=0; limit=$((60 * 1024 * 1024))
 folder() { printf "%s/p%02d" "$out" "$1"; }
 for w in $(wheels present | xargs ls -1Sr); do  # small first: they fill folders, big ones split
