@@ -11,14 +11,16 @@ time of the whole generate, prefill included) and offline (256 requests, prompt 
 [100, 1024], temperature 1, EOS ignored; output tokens/s of the whole run). Each row runs once untimed, then
 timed --repeats times; the median counts. Prints both sides, how many batch-32 greedy sequences agree (bf16:
 near-ties may differ) and the ratio atom-core / SGLang's own last; writes the table to benchmarks/results/.
-For the GPU machine with the carried SGLang (tools/gpu_sglang).
+For the GPU machine with the carried SGLang (tools/gpu_sglang). --profile DIR then runs each decode row once more
+under SGLang's profiler on both sides and prints, per side, the decode graph's GPU time per replay next to the host's
+period between replays, the top kernels and the host functions (benchmarks/gpu_profile.py).
 
 --shape picks the checkpoint: qwen3-0.6b (default), qwen3-30b-a3b-4l (Qwen3-30B-A3B's MoE cut to 4 layers, all 128
 experts) or deepseek-v3-4l (DeepSeek-V3's MLA + MoE cut to 4 layers, the first dense, 64 of 256 experts; ~23 GB,
 written in bf16).
 
     python benchmarks/sglang_plugin_gpu.py [--shape NAME] [--checkpoint DIR] [--rows batch1,batch32,offline]
-                                           [--repeats N]
+                                           [--repeats N] [--profile DIR]
 """
 
 from __future__ import annotations
@@ -65,7 +67,28 @@ def time_row(engine, prompts: list[list[int]], lens: list[int], temperature: flo
             "first_s": first_s}
 
 
-def worker(path: str, side: str, rows: list[str], repeats: int) -> dict:
+def profile_rows(engine, loads: dict, rows: list[str], out_dir: Path, side: str) -> list[str]:
+    """Each decode row once more under SGLang's own profiler (in its scheduler process: CPU, GPU and the Python
+    stack), summarized by gpu_profile.trace_lines: where each side's decode step goes."""
+    from gpu_profile import trace_lines
+
+    lines = []
+    for row in (r for r in rows if r != "offline"):
+        prompts, lens, temperature = loads[row]
+        params = [dict(temperature=temperature, max_new_tokens=m, ignore_eos=True) for m in lens]
+        engine.flush_cache()
+        target = out_dir / f"{side}-{row}"
+        engine.start_profile(output_dir=str(target), activities=["CPU", "GPU"], with_stack=True)
+        engine.generate(input_ids=prompts, sampling_params=params)
+        engine.stop_profile()
+        traces = sorted(target.glob("*.trace.json*"))
+        if not traces:
+            raise SystemExit(f"SGLang wrote no trace into {target}")
+        lines += trace_lines(str(traces[-1]), f"{side} {row}")
+    return lines
+
+
+def worker(path: str, side: str, rows: list[str], repeats: int, profile: str | None = None) -> dict:
     """One side, in this process: one engine for all rows."""
     import sglang
 
@@ -84,18 +107,20 @@ def worker(path: str, side: str, rows: list[str], repeats: int) -> dict:
             timed = time_row(engine, *loads[row], repeats)
             result[f"{row}_first_s"] = timed.pop("first_s")
             result[row] = timed
+        if profile:
+            result["profile"] = profile_rows(engine, loads, rows, Path(profile), side)
     finally:
         engine.shutdown()
     return result
 
 
-def run_side(path: str, side: str, rows: list[str], repeats: int) -> dict:
+def run_side(path: str, side: str, rows: list[str], repeats: int, profile: str | None) -> dict:
     env = dict(os.environ)
     env.pop("SGLANG_EXTERNAL_MODEL_PACKAGE", None)
     if side == "atom":
         env["SGLANG_EXTERNAL_MODEL_PACKAGE"] = EXTERNAL
     cmd = [sys.executable, __file__, "--worker", side, "--checkpoint", path, "--rows", ",".join(rows),
-           "--repeats", str(repeats)]
+           "--repeats", str(repeats)] + (["--profile", profile] if profile else [])
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"{side} side failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-6000:]}")
@@ -108,6 +133,8 @@ def main() -> None:
     ap.add_argument("--checkpoint", help="checkpoint dir (built once into the temp dir when absent)")
     ap.add_argument("--rows", default=",".join(ROWS))
     ap.add_argument("--repeats", type=int, default=3, help="timed runs of each row per side (the median counts)")
+    ap.add_argument("--profile", metavar="DIR", help="then profile the decode rows once more on each side (SGLang's "
+                    "profiler; traces kept in DIR) and print where each side's decode step goes")
     ap.add_argument("--worker", choices=("atom", "sglang"), help=argparse.SUPPRESS)
     report = Report("sglang_plugin_gpu", ap)
     args = ap.parse_args()
@@ -115,7 +142,7 @@ def main() -> None:
     if unknown := set(rows) - set(ROWS):
         raise SystemExit(f"unknown rows {sorted(unknown)}; choose from {ROWS}")
     if args.worker:
-        print(json.dumps(worker(args.checkpoint, args.worker, rows, args.repeats)))
+        print(json.dumps(worker(args.checkpoint, args.worker, rows, args.repeats, args.profile)))
         return
     import torch
 
@@ -125,14 +152,15 @@ def main() -> None:
     if args.shape != "qwen3-0.6b":  # its own results file
         report.stem += f"-{args.shape}"
     path = shaped_checkpoint(args.checkpoint, shape, dtype, **overrides)
-    own = run_side(path, "sglang", rows, args.repeats)
-    ours = run_side(path, "atom", rows, args.repeats)
+    own = run_side(path, "sglang", rows, args.repeats, args.profile)
+    ours = run_side(path, "atom", rows, args.repeats, args.profile)
     lines = [f"{datetime.date.today()} {torch.cuda.get_device_name()}; {args.shape}-shaped random checkpoint, bf16, "
              f"SGLang defaults; attention backend: own {own['attention_backend']}, atom-core "
              f"{ours['attention_backend']}; CUDA graphs: own {own['cuda_graph']}, atom-core {ours['cuda_graph']}",
              f"startup s: own {own['startup_s']:.0f}, atom-core {ours['startup_s']:.0f}"]
     if "batch32" in rows:
         lines.append(greedy_agreement(own["batch32"]["tokens"], ours["batch32"]["tokens"], "SGLang", NEW))
+    lines += own.get("profile", []) + ours.get("profile", [])
     lines += row_lines(own, ours, rows, "SGLang")
     for line in lines:
         report.say(line)
