@@ -31,9 +31,12 @@ attention, a stub for the vLLM op SGLang's rope imports there): SGLang's own Qwe
 Qwen3-MoE == transformers through this file's subprocess. Its own DeepSeek-V3 runs there only with every attention
 call on the absorbed MLA path (torch_native cannot take the MHA prefill it picks for fresh prompts: the MLA pool's
 keys are latents), forced for the diagnosis with an import hook on its attention_backend_handler; so run, its tokens
-== transformers (2026-12-07). On the H100 the same checkpoint leaves transformers' tokens (docs/sglang.md): what
-differs there is its MHA prefill on the Triton backend, its CUDA router (FlashInfer's fused DeepSeek top-k) and its
-shared-expert fusion.
+== transformers (2026-12-07). On CUDA, under OWN_ENV, SGLang's own DeepSeek drops routed_scaling_factor: its MoE block
+leaves that scale to its CUDA MoE runner (the Triton fused_moe applies it) and skips it on CUDA, but the torch MoE
+reference OWN_ENV selects does not apply it. Shown on the H100 (2026-12-07): its tokens first left transformers' at
+exactly the steps where transformers' own tokens move when the checkpoint's scale is set to 1.0 (on CPU), whatever the
+attention path (MHA prefill or absorbed MLA) or the shared-expert fusion. So its DeepSeek-V3 case here has
+routed_scaling_factor 1.0 (V2's default); test_graph_engine.py runs atom-core's model on the released 2.5.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from tests.frontends.native.hf_oracle import hf_greedy, hf_model
 from tests.frontends.sglang.helpers import GRAPHS, NEW_TOKENS, followup_prompts
 from tests.frontends.sglang.own_model_tokens import own_model_tokens
 from tests.frontends.sglang.test_graph_engine import CASES as GRAPH_CASES
+from tests.frontends.sglang.test_graph_engine import DEEPSEEK_V3
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -61,7 +65,8 @@ CASES = {
     "qwen3-moe-all-sparse": (("Qwen3MoeForCausalLM", dict(num_experts_per_tok=3, num_hidden_layers=3,
                                                           mlp_only_layers=[]), {}), MOE_TIE, OWN_EAGER),
     "deepseek-v2-chunked": (GRAPH_CASES["deepseek-v2-chunked"], MOE_TIE, OWN_EAGER),
-    "deepseek-v3": (GRAPH_CASES["deepseek-v3"], MOE_TIE, OWN_EAGER),
+    # routed_scaling_factor 1.0: the scale SGLang's own model drops under OWN_ENV on CUDA (module doc)
+    "deepseek-v3": (("DeepseekV3ForCausalLM", DEEPSEEK_V3 | dict(routed_scaling_factor=1.0), {}), MOE_TIE, OWN_EAGER),
 }
 
 
