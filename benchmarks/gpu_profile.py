@@ -107,8 +107,9 @@ def trace_lines(path: str, label: str, top: int = 12, host_top: int = 12) -> lis
     period = statistics.median(gaps) / 1e3 if gaps else float("nan")
     busy = _union_us([(e["ts"], e["ts"] + e["dur"]) for e in gpu])
     span = (max(e["ts"] + e["dur"] for e in gpu) - min(e["ts"] for e in gpu)) if gpu else 0.0
-    lines = [f"{label}: {len(launches)} decode graph replays, host period {period:.3f} ms (median); the GPU busy "
-             f"{busy / max(span, 1):.0%} of the trace's {span / 1e3:.1f} ms"]
+    lines = [f"{label}: {len(launches)} decode graph replays, host period {period:.3f} ms (median; x replays = "
+             f"{period * len(launches):.1f} ms); the GPU busy {busy / max(span, 1):.0%} of the trace's "
+             f"{span / 1e3:.1f} ms (the rest of the span: prefill and start-up)"]
     lines += kernel_lines("  per replay", [(k, us, c) for k, (us, c) in split[True].items()], top, per=n)
     eager = [(k, us, c) for k, (us, c) in split[False].items()]
     lines += kernel_lines("  eager (prefill, sampling, metadata; all of them)", eager, min(top, 6))
