@@ -18,6 +18,10 @@
 #              (--shape qwen3-0.6b, then SmolLM2; ~17 min)
 #   prefetch-ab  the machine's torch: native_gpu.py --quant fp8 --prefetch-ab (bf16, fp8 block, fp8 channel decode,
 #              the FP8 ones with the FP8 GEMV's L2 prefetch on and off; docs/gpu.md) on Qwen3-8B and 0.6B shapes; alone
+#   sglang-bench  the carried SGLang: sglang_plugin_gpu.py (batch rows profiled on both sides: --profile), its MoE and
+#              MLA shapes; and native_gpu.py --profile under SGLang's torch/triton (3.8), to set beside `native-profile`
+#              (the machine's): whether the newer Triton alone slows our kernels (alone; ~15 min)
+#   native-profile  the machine's torch: native_gpu.py --profile (a 33-token generate at batch 1 and 32, kernels)
 #   bench      benchmarks/sglang_plugin_gpu.py (carried SGLang), fp8_gemm.py, moe.py --check --fp8, native_gpu.py --quant fp8
 #              (dense and MoE), mla_decode.py
 # STEP may be several, comma-separated: run one after the other. Multi-GPU machines: NVLink multicast stays off.
@@ -73,6 +77,19 @@ for step in ${steps//,/ }; do
     tail -n 5 "$logdir"/prefetch-*.log
     ;;
   sglang-tp) sglang_env && tests "$logdir/sglang_tp" "tp=$S/test_tp_engine.py -m gpu" ;;
+  sglang-bench)
+    sglang_env
+    (cd benchmarks && timeout 600 python3 native_gpu.py --profile) > "$logdir/native_profile_sglang_torch.log" 2>&1
+    (cd benchmarks && timeout 900 python3 sglang_plugin_gpu.py --profile "$logdir/sglang_traces") \
+      > "$logdir/sglang_bench.log" 2>&1
+    for shape in qwen3-30b-a3b-4l deepseek-v3-4l; do
+      (cd benchmarks && timeout 900 python3 sglang_plugin_gpu.py --shape $shape) > "$logdir/sglang_bench_$shape.log" 2>&1
+    done
+    tail -n 4 "$logdir"/sglang_bench*.log
+    ;;
+  native-profile)
+    python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
+    (cd benchmarks && timeout 600 python3 native_gpu.py --profile) > "$logdir/native_profile.log" 2>&1 ;;
   vllm)
     export PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0
     python3 -m pip install -q --no-deps --no-build-isolation --upgrade --target /tmp/site . 2>&1 | tail -2
@@ -104,7 +121,8 @@ for step in ${steps//,/ }; do
       do timeout 400 python3 $b; done) \
       > "$logdir/fp8_bench.log" 2>&1
     ;;
-  *) echo "unknown step $step (kernels, native, sglang, sglang-tp, vllm, vllm-bench, serve, bench)"; exit 2 ;;
+  *) echo "unknown step $step (kernels, native, native-profile, sglang, sglang-tp, sglang-bench, vllm, vllm-bench, serve,"\
+       "prefetch-ab, bench)"; exit 2 ;;
   esac
   )
 done
