@@ -78,7 +78,7 @@ def profile_rows(engine, loads: dict, rows: list[str], out_dir: Path, side: str)
         params = [dict(temperature=temperature, max_new_tokens=m, ignore_eos=True) for m in lens]
         engine.flush_cache()
         target = out_dir / f"{side}-{row}"
-        engine.start_profile(output_dir=str(target), activities=["CPU", "GPU"], with_stack=True)
+        engine.start_profile(output_dir=str(target), activities=["CPU", "GPU"], with_stack=True, record_shapes=False)
         engine.generate(input_ids=prompts, sampling_params=params)
         engine.stop_profile()
         traces = sorted(target.glob("*.trace.json*"))
