@@ -43,8 +43,9 @@ def _sliding_window(cfg, layer_idx: int) -> int | None:
 def _fused_qk_norm_rope(wanted: bool | None, attn) -> bool:
     """Run Qwen3's q/k norm + rotary fused with the K/V write (AtomConfig.fused_qk_norm_rope: None = where the
     layer supports it)? A host's attention layer supports it with `fuses_qk_norm_rope` (and offers
-    `forward_qk_norm_rope`); otherwise the unfused q/k norm + rotary + the layer's own cache write run, and the log
-    says so once when the fused form was asked for explicitly (True)."""
+    `forward_qk_norm_rope`, which may answer None for a step it cannot fuse: the unfused form runs for that step);
+    otherwise the unfused q/k norm + rotary + the layer's own cache write run, and the log says so once when the
+    fused form was asked for explicitly (True)."""
     if wanted is False:
         return False
     if getattr(attn, "fuses_qk_norm_rope", False):
@@ -105,8 +106,10 @@ class LlamaAttention(nn.Module):
         k = k.reshape(t, self.num_kv_heads, self.head_dim)
         if self.fused_qk_norm_rope:  # the layer runs the norms and rotary in its K/V write
             norm_rope = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, self.rotary_emb.cos_sin_cache)
-            v = v.view(t, self.num_kv_heads, self.head_dim)
-            return self.o_proj(self.attn.forward_qk_norm_rope(positions, q, k, v, norm_rope))
+            out = self.attn.forward_qk_norm_rope(positions, q, k, v.view(t, self.num_kv_heads, self.head_dim),
+                                                 norm_rope)
+            if out is not None:  # (None: not this step, e.g. SGLang's prefills)
+                return self.o_proj(out)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary_emb(positions, q, k)

@@ -14,8 +14,10 @@ import re
 
 import torch
 from sglang.srt.layers.radix_attention import RadixAttention
+from sglang.srt.model_executor.forward_context import get_attn_backend, has_forward_context
 
 from atom_core.layers.attention import AttentionSpec
+from atom_frontends.sglang.backend import AtomAttnBackend
 from atom_frontends.sglang.bridge import current_forward_batch
 
 _LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
@@ -31,6 +33,10 @@ def layer_id_from_prefix(prefix: str) -> int:
 
 
 class SGLangAttention(RadixAttention):
+    # Qwen3's q/k norm + rotary fused into atom-core's K/V write, on decode steps under the atom backend
+    # (forward_qk_norm_rope); the model runs the unfused form on every other step.
+    fuses_qk_norm_rope = True
+
     def __init__(self, spec: AttentionSpec) -> None:
         if spec.is_mla:
             raise TypeError(f"{spec.prefix}: an MLA spec builds SGLangMLAAttention, not SGLangAttention")
@@ -44,6 +50,20 @@ class SGLangAttention(RadixAttention):
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
         """query [T, heads*d], key/value [T, kv_heads*d] → [T, heads*d]"""
         return super().forward(query, key, value, current_forward_batch())
+
+    def forward_qk_norm_rope(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
+                             value: torch.Tensor, norm_rope: tuple) -> torch.Tensor | None:
+        """Qwen3's q/k norm + rotary fused with the K/V write, then attention, on a DECODE step run by atom-core's
+        backend (backend.py): query [T, heads, d], key/value [T, kv_heads, d] (strided rows) → [T, heads*d].
+        None on any other step, under another backend and inside torch.compile: there the model runs the unfused
+        prologue and RadixAttention.forward, which carries SGLang's handling of prefill graphs, padded extends and
+        compiled regions (a decode step has none of these)."""
+        if torch.compiler.is_compiling() or not has_forward_context():
+            return None
+        backend = get_attn_backend()
+        if not isinstance(backend, AtomAttnBackend) or not current_forward_batch().forward_mode.is_decode():
+            return None
+        return backend.forward_qk_norm_rope(self, positions, query, key, value, norm_rope)
 
 
 class SGLangMLAAttention(SGLangAttention):

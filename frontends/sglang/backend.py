@@ -24,7 +24,13 @@ from sglang.srt.layers.radix_attention import AttentionType, RadixAttention
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool
 
 from atom_core.forward_context import AttentionMetadata
-from atom_core.layers.attention import AttentionSpec, attention_forward, metadata_builder_of, mla_forward
+from atom_core.layers.attention import (
+    AttentionSpec,
+    attention_forward,
+    metadata_builder_of,
+    mla_forward,
+    qk_norm_rope_attention_forward,
+)
 from atom_core.layers.kernel_warmup import AttentionCaches, warm_up
 from atom_frontends.sglang.config import extend_token_budget
 from atom_frontends.sglang.graphs import SEQ_LEN_FILL_VALUE, DecodeGraphBuffers, unsupported_graph
@@ -207,17 +213,28 @@ class AtomAttnBackend(AttentionBackend):
                                f"atom-core's layer has {kv_heads}")
         return k[:, None, :kv_heads], v[:, None, :kv_heads]
 
+    def _metadata(self, t: int) -> AttentionMetadata:
+        md = self.forward_metadata
+        if md is None or md.num_tokens != t:
+            raise RuntimeError(f"atom attention backend: no metadata for this batch of {t} tokens "
+                               "(init_forward_metadata was not called for it)")
+        return md
+
+    def forward_qk_norm_rope(self, layer, positions, query, key, value, norm_rope) -> torch.Tensor:
+        """Qwen3's prologue fused into the K/V write, then attention (the core's qk_norm_rope_attention_forward),
+        for SGLangAttention.forward_qk_norm_rope: query [T, heads, d], key/value [T, kv_heads, d] → [T, heads*d]."""
+        k_cache, v_cache = self._caches(layer)
+        return qk_norm_rope_attention_forward(self._spec(layer), positions, query, key, value, norm_rope, k_cache,
+                                              v_cache, self._metadata(query.shape[0]))
+
     def _attend(self, q, k, v, layer, save_kv_cache: bool, kwargs: dict) -> torch.Tensor:
         """q [T, heads*d] (or [T, heads, d]); k/v [T, kv_heads, d] → [T, heads*d].
         MLA pool: q [T, heads, r + rope], k [T, 1, r + rope] (the rows to write), v [T, 1, r] → [T, heads*r]."""
         if any(value is not None for value in kwargs.values()):
             raise NotImplementedError(f"atom-core's attention backend got unsupported arguments "
                                       f"{sorted(kwargs)}")
-        md = self.forward_metadata
+        md = self._metadata(q.shape[0])
         t = q.shape[0]
-        if md is None or md.num_tokens != t:
-            raise RuntimeError(f"atom attention backend: no metadata for this batch of {t} tokens "
-                               "(init_forward_metadata was not called for it)")
         spec = self._spec(layer)
         if self.mla:
             # v is k's first r features (SGLang's own models pass that view); the rows written are k's
