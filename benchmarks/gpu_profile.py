@@ -93,8 +93,8 @@ def trace_lines(path: str, label: str, top: int = 12, host_top: int = 12) -> lis
 
     with (gzip.open if path.endswith(".gz") else open)(path, "rt") as f:
         events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
-    launches = sorted((e for e in events if e.get("cat") == "cuda_runtime" and e.get("name") == "cudaGraphLaunch"),
-                      key=lambda e: e["ts"])
+    launches = sorted((e for e in events if e.get("cat") == "cuda_runtime"
+                       and e.get("name", "").startswith("cudaGraphLaunch")), key=lambda e: e["ts"])
     graph_ids = {e.get("args", {}).get("correlation") for e in launches}
     gpu = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
     split: dict[bool, dict[str, list[float]]] = {True: {}, False: {}}
