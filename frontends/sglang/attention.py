@@ -69,6 +69,8 @@ class SGLangAttention(RadixAttention):
 class SGLangMLAAttention(SGLangAttention):
     """MLA in the absorbed form: RadixAttention with qk_head_dim = r + rope, one KV head, v_head_dim = r."""
 
+    fuses_qk_norm_rope = False  # a latent cache has no per-head K to norm
+
     def __init__(self, spec: AttentionSpec) -> None:
         if not spec.is_mla:
             raise TypeError(f"{spec.prefix}: SGLangMLAAttention needs an MLA spec (kv_lora_rank set)")
