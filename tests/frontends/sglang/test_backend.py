@@ -99,29 +99,16 @@ def test_matches_torch_native(mode, window, layer_kind, save_kv_cache, dtype):
     assert torch.equal(written, k) == save_kv_cache
 
 
-def _qwen3_prologue(q, k, positions, q_weight, k_weight, eps, cos_sin):
-    """The oracle of the fused prologue, in plain torch: per-head RMSNorm, then the neox rotary (rotate_half)."""
-    def norm(x, w):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
-
-    cos, sin = cos_sin[positions].chunk(2, dim=-1)  # [T, d/2] each
-    cos, sin = torch.cat([cos, cos], -1)[:, None], torch.cat([sin, sin], -1)[:, None]
-
-    def rope(x):
-        x1, x2 = x.chunk(2, dim=-1)
-        return x * cos + torch.cat([-x2, x1], -1) * sin
-
-    return rope(norm(q, q_weight)), rope(norm(k, k_weight))
-
-
 @pytest.mark.parametrize("backend_kind", ["atom", "torch_native"])
 @pytest.mark.parametrize("mode", list(SPANS))
 def test_fused_qwen3_prologue_on_decode_steps_under_our_backend(mode, backend_kind):
     """SGLangAttention.forward_qk_norm_rope: on a DECODE step under the atom backend, Qwen3's q/k norm + rotary fused
-    into our K/V write == the prologue in plain torch, then SGLang's torch_native attention (outputs and KV writes);
+    into our K/V write == transformers' Qwen3 prologue, then SGLang's torch_native attention (outputs and KV writes);
     on every other step, or under another backend, None (the model then runs the unfused prologue)."""
     from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
     from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+    from transformers import Qwen3Config
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm, Qwen3RotaryEmbedding, apply_rotary_pos_emb
 
     from atom_frontends.sglang.backend import create_backend
     from atom_frontends.sglang.bridge import forward_batch_context
@@ -131,9 +118,12 @@ def test_fused_qwen3_prologue_on_decode_steps_under_our_backend(mode, backend_ki
     t = fb.input_ids.shape[0]
     q, k, v = (torch.randn(t, h, HEAD_DIM, device=DEVICE) for h in (HEADS, KV_HEADS, KV_HEADS))
     q_weight, k_weight = (1 + 0.5 * torch.randn(HEAD_DIM, device=DEVICE) for _ in range(2))
-    inv_freq = 1.0 / 10000 ** (torch.arange(0, HEAD_DIM, 2, device=DEVICE) / HEAD_DIM)
-    angles = torch.outer(torch.arange(64, device=DEVICE, dtype=torch.float32), inv_freq)
-    cos_sin = torch.cat([angles.cos(), angles.sin()], -1)  # [max_positions, HEAD_DIM]
+    # transformers' Qwen3 prologue is the oracle: its rotary's cos/sin [positions, HEAD_DIM] (two equal halves) give
+    # the kernels' cos|sin table [max_positions, HEAD_DIM]
+    config = Qwen3Config(hidden_size=HEADS * HEAD_DIM, head_dim=HEAD_DIM, num_attention_heads=HEADS,
+                         num_key_value_heads=KV_HEADS, max_position_embeddings=64, rms_norm_eps=1e-6)
+    cos, sin = (x[0] for x in Qwen3RotaryEmbedding(config).to(DEVICE)(q, torch.arange(64, device=DEVICE)[None]))
+    cos_sin = torch.cat([cos[:, : HEAD_DIM // 2], sin[:, : HEAD_DIM // 2]], -1)
     layer = _layer("atom", None)
     backend = create_backend(ours) if backend_kind == "atom" else TorchNativeAttnBackend(ours)
     backend.init_forward_metadata(fb)
@@ -142,7 +132,10 @@ def test_fused_qwen3_prologue_on_decode_steps_under_our_backend(mode, backend_ki
     if mode != "decode" or backend_kind != "atom":
         assert got is None
         return
-    qn, kn = _qwen3_prologue(q, k, fb.positions, q_weight, k_weight, 1e-6, cos_sin)
+    q_norm, k_norm = Qwen3RMSNorm(HEAD_DIM, 1e-6).to(DEVICE), Qwen3RMSNorm(HEAD_DIM, 1e-6).to(DEVICE)
+    q_norm.weight.data, k_norm.weight.data = q_weight, k_weight
+    with torch.no_grad():
+        qn, kn = apply_rotary_pos_emb(q_norm(q), k_norm(k), cos[fb.positions], sin[fb.positions], unsqueeze_dim=1)
     want = _run(TorchNativeAttnBackend(theirs), layer, fb, qn.reshape(t, -1), kn, v)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     for a, b in zip(_buffers(ours), _buffers(theirs)):
