@@ -233,8 +233,8 @@ class AtomAttnBackend(AttentionBackend):
         if any(value is not None for value in kwargs.values()):
             raise NotImplementedError(f"atom-core's attention backend got unsupported arguments "
                                       f"{sorted(kwargs)}")
-        md = self._metadata(q.shape[0])
         t = q.shape[0]
+        md = self._metadata(t)
         spec = self._spec(layer)
         if self.mla:
             # v is k's first r features (SGLang's own models pass that view); the rows written are k's
