@@ -48,9 +48,14 @@ CHECKPOINTS = {
 }
 
 
+def sampling_params(lens: list[int], temperature: float) -> list[dict]:
+    """One request's SGLang sampling params per output length (EOS ignored: every request makes its tokens)."""
+    return [dict(temperature=temperature, max_new_tokens=m, ignore_eos=True) for m in lens]
+
+
 def time_row(engine, prompts: list[list[int]], lens: list[int], temperature: float, repeats: int) -> dict:
     """{"tok_s": median output tokens/s, "runs": each timed run's, "tokens": the last run's, "first_s"}."""
-    params = [dict(temperature=temperature, max_new_tokens=m, ignore_eos=True) for m in lens]
+    params = sampling_params(lens, temperature)
     t = time.perf_counter()
     engine.generate(input_ids=prompts, sampling_params=params)
     first_s = time.perf_counter() - t
@@ -75,11 +80,10 @@ def profile_rows(engine, loads: dict, rows: list[str], out_dir: Path, side: str)
     lines = []
     for row in (r for r in rows if r != "offline"):
         prompts, lens, temperature = loads[row]
-        params = [dict(temperature=temperature, max_new_tokens=m, ignore_eos=True) for m in lens]
         engine.flush_cache()
         target = out_dir / f"{side}-{row}"
         engine.start_profile(output_dir=str(target), activities=["CPU", "GPU"], with_stack=True, record_shapes=False)
-        engine.generate(input_ids=prompts, sampling_params=params)
+        engine.generate(input_ids=prompts, sampling_params=sampling_params(lens, temperature))
         engine.stop_profile()
         traces = sorted(target.glob("*.trace.json*"))
         if not traces:
